@@ -1,0 +1,39 @@
+# The two set-up commands of README.rst: `make demo` and `make test`.
+# Each creates .venv when it is missing, installs Pharos with its test tools, then runs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test check lint live-engines clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# compat editable mode: twistd finds twisted/plugins only on a real sys.path entry
+	$(PY) -m pip install -q --disable-pip-version-check \
+		--config-settings editable_mode=compat -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m pharos.demo
+
+lint: install
+	$(VENV)/bin/ruff check pharos tests twisted
+	$(VENV)/bin/mypy
+
+# Layers 1, 2 and 4 (live tests build or install their engines when missing), packaging.
+test: lint
+	$(PY) -m pytest -ra -p no:cacheprovider
+
+# Layers 1 and 2 only: the quick loop while editing.
+check: lint
+	PHAROS_LIVE=0 $(PY) -m pytest -ra -p no:cacheprovider -m "not live and not packaging"
+
+live-engines:
+	bash tests/live/engines/setup.sh all
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,3 @@
+"""Pharos: a router for self-hosted LLM inference engines."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,186 @@
+"""The ``pharos`` console script: ``doctor``, ``check`` (and, as they land, keys, bench, ...).
+
+This module and ``pharos.tap`` are the only ones that touch the global reactor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from pharos.engine.library import AUTO, KINDS
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        raise SystemExit(2)
+    raise SystemExit(args.func(args))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pharos", description="Pharos: an LLM inference router")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    check = sub.add_parser("check", help="validate a config file")
+    check.add_argument("-c", "--config", required=True, help="the config file")
+    check.set_defaults(func=cmd_check)
+
+    doctor = sub.add_parser(
+        "doctor", help="show what Pharos reads from each backend (and record captures)"
+    )
+    where = doctor.add_mutually_exclusive_group(required=True)
+    where.add_argument("-c", "--config", help="examine every backend of this config file")
+    where.add_argument("--url", help="examine one engine at this base URL")
+    where.add_argument("--capture", help="examine a recorded capture directory (fixtures/...)")
+    doctor.add_argument("--kind", default=AUTO, choices=(AUTO, *KINDS),
+                        help="engine kind (default: detect)")
+    doctor.add_argument("--log", help="with --url: the engine's log file, for log probes")
+    doctor.add_argument("--json", action="store_true", help="print one JSON document")
+    doctor.add_argument("--record", metavar="DIR",
+                        help="with --url: write what the engine serves in the fixture format")
+    doctor.add_argument("--streams", action="store_true",
+                        help="with --record: also record replies to chat/completion requests")
+    doctor.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --record: extra meta.yaml fields")
+    doctor.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to wait for each path (default 5)")
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``pharos check -c FILE``: 0 when the file is a valid config, else 1 with every error."""
+    from pharos.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"{args.config}: invalid", file=sys.stderr)
+        print(str(e), file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{args.config}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"{args.config}: ok ({len(cfg.backends)} backends, {len(cfg.keys)} keys)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``pharos doctor``: resolve each backend and print the report."""
+    from twisted.internet import task
+
+    code: list[int] = []
+
+    def run(reactor: Any) -> Deferred[None]:
+        async def go() -> None:
+            code.append(await _doctor(args, reactor))
+
+        return Deferred.fromCoroutine(go())
+
+    try:
+        task.react(run)
+    except SystemExit as e:
+        if e.code:
+            return 2
+    return code[0] if code else 2
+
+
+async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
+    from pharos.engine.doctor import examine, render_json, render_text
+    from pharos.engine.fetch import CaptureFetcher, HTTPFetcher, make_client
+
+    reports = []
+    note = ""
+    if args.capture:
+        fetcher = CaptureFetcher.from_dir(args.capture)
+        cap = fetcher.capture
+        lines = [ln.encode() for ln in cap.log_lines] if cap.log_lines is not None else None
+        note = f"(replaying the recorded capture {args.capture}, {cap.meta.get('capture')})"
+        reports.append(await examine(f"capture:{args.capture}", fetcher, args.kind,
+                                     log_lines=lines))
+    else:
+        from twisted.web.client import HTTPConnectionPool
+
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        pool.cachedConnectionTimeout = 2
+        client = make_client(reactor, pool)
+        try:
+            for backend in _doctor_backends(args):
+                http = HTTPFetcher(backend["url"], client, reactor, timeout=args.timeout)
+                if args.record:
+                    from pharos.engine.record import record
+
+                    report = await examine(backend["url"], http, backend["kind"])
+                    meta = {"engine": report.kind or "unknown", "version": report.version
+                            or "unknown", "url_kind": backend["kind"],
+                            "command": "pharos doctor " + " ".join(sys.argv[2:])}
+                    meta.update(dict(kv.split("=", 1) for kv in args.meta))
+                    model = next(iter(report.snapshot.models or ()), None)
+                    streams = (report.kind or "", model) if args.streams and model else None
+                    await record(http, Path(args.record), meta, streams)
+                    note = f"(recorded {backend['url']} into {args.record})"
+                reports.append(
+                    await examine(
+                        backend["url"],
+                        http,
+                        backend["kind"],
+                        own=backend["own"],
+                        log_lines=backend["log_lines"],
+                        capacity=backend["capacity"],
+                        aliases=backend["aliases"],
+                        post=lambda path, body, h=http: h.post(path, body).addCallback(
+                            lambda f: f.status
+                        ),
+                    )
+                )
+        finally:
+            await pool.closeCachedConnections()
+    if args.json:
+        print(render_json(reports))
+    else:
+        print(render_text(reports, note))
+    return 1 if any(r.error for r in reports) else 0
+
+
+def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The backends to examine: one ``--url``, or every backend of ``-c FILE``."""
+    from pharos.engine.own import LogFeedUnavailable, own_probes, read_log_feed
+
+    def lines_of(feed: Any) -> list[bytes] | None:
+        try:
+            return read_log_feed(feed) if feed else None
+        except (LogFeedUnavailable, OSError) as e:
+            print(f"log feed {feed}: {e}", file=sys.stderr)
+            return None
+
+    if args.url:
+        lines = lines_of(f"file://{Path(args.log).resolve()}" if args.log else None)
+        return [{"url": args.url, "kind": args.kind, "own": (), "log_lines": lines,
+                 "capacity": None, "aliases": {}}]
+    from pharos.config import load_config
+
+    cfg = load_config(args.config)
+    return [
+        {
+            "url": b.url,
+            "kind": b.kind,
+            "own": own_probes(b.probes),
+            "log_lines": lines_of(b.logs),
+            "capacity": b.capacity,
+            "aliases": dict(b.aliases),
+        }
+        for b in cfg.backends
+    ]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,866 @@
+"""The config file (spec §10): YAML in, frozen dataclasses out.
+
+Every default lives here, once. Parsing is strict: an unknown field is an error naming its full
+path (a typo such as ``per-model`` for ``per_model`` must fail at startup or reload instead of
+silently dropping a setting), and every error in a file is collected and reported together, so an
+operator fixes a file in one pass. ``null`` in the file means the same as leaving a field out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import re
+import urllib.parse
+import zoneinfo
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final, Literal, TypeAlias, TypeGuard, TypeVar, get_args
+
+import yaml
+
+from pharos.engine.signals import COUNT_SIGNALS, LOAD_SIGNALS, LOG_SIGNALS, Residency, Signal
+
+Policy: TypeAlias = Literal["cost", "least-load"]
+BackendKind: TypeAlias = Literal[
+    "auto", "ollama", "llamacpp", "llama-swap", "vllm", "sglang", "openai"
+]
+Scale: TypeAlias = Literal["ratio", "percent"]
+LogScheme: TypeAlias = Literal["docker", "file"]
+#: A log probe's fixed value, typed for its signal: ``Residency`` for residency, ``int`` for the
+#: counts, ``float`` for kv_usage, ``str`` for version.
+FixedValue: TypeAlias = Residency | int | float | str
+_Choice = TypeVar("_Choice", bound=str)
+
+POLICIES: Final[tuple[Policy, ...]] = get_args(Policy)
+BACKEND_KINDS: Final[tuple[BackendKind, ...]] = get_args(BackendKind)
+SCALES: Final[tuple[Scale, ...]] = get_args(Scale)
+
+DEFAULT_LISTEN: Final = ":8090"
+DEFAULT_PEER_LISTEN: Final = ":8081"
+DEFAULT_POLICY: Final[Policy] = "cost"
+DEFAULT_KIND: Final[BackendKind] = "auto"
+DEFAULT_SCALE: Final[Scale] = "ratio"
+DEFAULT_WEIGHT: Final = 1
+DEFAULT_RETENTION_DAYS: Final = 400
+DEFAULT_DRAIN_GRACE: Final = 5.0
+DEFAULT_DRAIN_TIMEOUT: Final = 600.0
+
+#: Top-level fields a reload applies without a restart (§10 hot reload); every other field,
+#: including any added later, is reported as needing a restart, which is the safe side.
+LIVE_FIELDS: Final = frozenset({"backends", "keys"})
+
+#: Residency values a log line can report; ``unknown`` is what no line says.
+_FIXED_RESIDENCIES: Final = (Residency.LOADED, Residency.LOADING, Residency.COLD)
+#: Twisted's own server endpoint types, so ``tcp:8090`` is not read as host ``tcp``, port 8090.
+_ENDPOINT_TYPES: Final = frozenset({"tcp", "tcp6", "ssl", "unix", "systemd"})
+_LISTEN_FORMS: Final = (
+    ":port, host:port, [ipv6]:port or a Twisted endpoint such as tcp:8090:interface=127.0.0.1"
+)
+_HOST_PORT = re.compile(r"(?P<host>[A-Za-z0-9._-]*):(?P<port>[0-9]+)")
+_IPV6_PORT = re.compile(r"\[(?P<host>[^\]]+)\]:(?P<port>[0-9]+)")
+_ENDPOINT = re.compile(r"(?P<type>[A-Za-z][A-Za-z0-9_+-]*):(?P<rest>.*)", re.DOTALL)
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNITS: Final = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
+}
+
+
+class ConfigError(Exception):
+    """A config file that can't be used; ``errors`` holds every problem found, not just one."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration (``5s``, ``10m``, ``1h30m``, ``250ms``), as the spec writes
+    them; raises ``ValueError`` for anything else, including a negative duration."""
+    if text == "0":
+        return 0.0
+    total, pos = 0.0, 0
+    while pos < len(text):
+        part = _DURATION_PART.match(text, pos)
+        if part is None:
+            break
+        total += float(part.group(1)) * _DURATION_UNITS[part.group(2)]
+        pos = part.end()
+    if pos == 0 or pos != len(text):
+        raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+def _port(digits: str) -> int:
+    port = int(digits)
+    if port > 65535:
+        raise ValueError("port out of range")
+    return port
+
+
+def _quote(value: str) -> str:
+    """Escape a strports argument as Twisted's ``quoteStringArgument`` does; written out so that
+    parsing a config doesn't import Twisted's endpoint machinery."""
+    return value.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def _parse_listen(address: str) -> tuple[str, int | None]:
+    """The strports description and, where the address names one, the port."""
+    if match := _IPV6_PORT.fullmatch(address):
+        host = str(ipaddress.IPv6Address(match["host"]))  # ValueError if it isn't one
+        port = _port(match["port"])
+        return f"tcp6:{port}:interface={_quote(host)}", port
+    match = _HOST_PORT.fullmatch(address)
+    if match and match["host"].lower() not in _ENDPOINT_TYPES:
+        port = _port(match["port"])
+        if not match["host"]:
+            return f"tcp:{port}", port
+        return f"tcp:{port}:interface={match['host']}", port
+    if (match := _ENDPOINT.fullmatch(address)) and match["rest"]:
+        first = match["rest"].split(":", 1)[0]
+        if match["type"].lower() in ("tcp", "tcp6") and first.isdigit():
+            return address, _port(first)
+        return address, None
+    raise ValueError(f"not a listen address: {address!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """A listening address as the operator wrote it; ``strports()`` is what Twisted takes."""
+
+    address: str
+
+    def strports(self) -> str:
+        """The Twisted strports description: ``:8090`` → ``tcp:8090``, ``127.0.0.1:8090`` →
+        ``tcp:8090:interface=127.0.0.1``; an endpoint string passes through unchanged."""
+        return _parse_listen(self.address)[0]
+
+    def port(self) -> int | None:
+        """The TCP port, when the address names one (peers.dns without a port takes it)."""
+        return _parse_listen(self.address)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class PromSpec:
+    """One metric from a Prometheus text endpoint, as the library's ``Prom`` constructor takes."""
+
+    path: str
+    metric: str
+    per_model: str | None = None
+    scale: Scale = DEFAULT_SCALE
+
+
+@dataclass(frozen=True, slots=True)
+class LogSpec:
+    """A log-line pattern, compiled once here; ``value`` is the fixed value a matching line
+    reports, or ``None`` when the named group ``value`` in ``match`` holds it."""
+
+    match: re.Pattern[str]
+    value: FixedValue | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OwnProbe:
+    """A probe the operator adds to one backend (§4); it goes ahead of the recipe for its
+    signal."""
+
+    name: str
+    signal: Signal
+    spec: PromSpec | LogSpec
+
+
+@dataclass(frozen=True, slots=True)
+class LogFeed:
+    """Where a static backend's engine log comes from: a Docker container or a local file."""
+
+    scheme: LogScheme
+    target: str  # the container name for docker, the absolute path for file
+
+
+def _no_aliases() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One statically listed engine. ``url`` has no trailing slash, so paths join onto it."""
+
+    url: str
+    kind: BackendKind = DEFAULT_KIND
+    memory_gb: float | None = None
+    capacity: int | None = None
+    #: The engine's model name → the name clients use (and targets have).
+    aliases: Mapping[str, str] = field(default_factory=_no_aliases, hash=False)
+    logs: LogFeed | None = None
+    probes: tuple[OwnProbe, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One API key, stored only as the SHA-256 of the secret; limits of ``None`` are unlimited
+    and an empty ``models`` allows every model."""
+
+    name: str
+    sha256: str
+    rpm: int | None = None
+    tokens_per_day: int | None = None
+    weight: int = DEFAULT_WEIGHT
+    models: tuple[str, ...] = ()
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Usage accounting; ``timezone`` ``None`` means the host's zone."""
+
+    timezone: str | None = None
+    retention_days: int = DEFAULT_RETENTION_DAYS
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Shutdown timing in seconds (§9 readiness and drain)."""
+
+    grace: float = DEFAULT_DRAIN_GRACE
+    timeout: float = DEFAULT_DRAIN_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """The peer mesh (§12); exactly one of ``members`` and ``dns`` is set, and the secret is
+    required because peers never run unauthenticated."""
+
+    secret_file: str
+    listen: Listen = Listen(DEFAULT_PEER_LISTEN)
+    members: tuple[str, ...] = ()
+    dns: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole config file; ``Config()`` is what an empty file means."""
+
+    listen: Listen = Listen(DEFAULT_LISTEN)
+    policy: Policy = DEFAULT_POLICY
+    backends: tuple[Backend, ...] = ()
+    keys: tuple[Key, ...] = ()
+    state_file: str | None = None
+    usage: Usage = Usage()
+    drain: Drain = Drain()
+    peers: Peers | None = None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and parse a config file; an unreadable file is a ``ConfigError`` too, so callers
+    (startup, hot reload) handle one exception."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{path}: cannot read: {e}"]) from e
+    return parse_config(text)
+
+
+def parse_config(text: str, *, library_names: frozenset[str] | None = None) -> Config:
+    """Parse config YAML. ``library_names`` are the probe names own probes may not reuse; ``None``
+    takes the probe library's (imported only when a backend has own probes)."""
+    loader = _Loader(text)
+    try:
+        raw = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError([f"{where}{e.problem or e.context or e}"]) from e
+    except yaml.YAMLError as e:
+        raise ConfigError([str(e)]) from e
+    finally:
+        loader.dispose()
+    parser = _Parser(library_names)
+    parser.errors.extend(loader.duplicates)
+    config = parser.config(raw)
+    if parser.errors:
+        raise ConfigError(parser.errors)
+    return config
+
+
+def reload_diff(old: Config, new: Config) -> tuple[list[str], list[str]]:
+    """The changed top-level fields as (applied live, needing a restart), in file order, for the
+    reload log line (§10 hot reload)."""
+    live: list[str] = []
+    restart: list[str] = []
+    for f in dataclasses.fields(Config):
+        if getattr(old, f.name) != getattr(new, f.name):
+            (live if f.name in LIVE_FIELDS else restart).append(f.name)
+    return live, restart
+
+
+class _Loader(yaml.SafeLoader):
+    """A SafeLoader that records duplicate mapping keys (plain PyYAML keeps the last one
+    silently, which would hide a typo as surely as an unknown field)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Check the node's own keys once, before merge keys (``<<``) add theirs: a key that
+        overrides a merged one is intended, a key written twice is not."""
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                if (key_node.tag, key_node.value) in seen:
+                    mark = key_node.start_mark
+                    self.duplicates.append(
+                        f"line {mark.line + 1}, column {mark.column + 1}: "
+                        f"duplicate mapping key {key_node.value!r}"
+                    )
+                seen.add((key_node.tag, key_node.value))
+        super().flatten_mapping(node)
+
+
+def _show(value: object) -> str:
+    """A value as an error message shows it: YAML spellings, not Python's."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return str(value)  # a YAML date or timestamp, as written
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    """YAML's true is a Python int; for config it is not a number."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _one_of(values: Collection[str]) -> str:
+    return "one of " + ", ".join(values)
+
+
+class _Parser:
+    """Walks the loaded YAML, collecting every error with its path."""
+
+    def __init__(self, library_names: frozenset[str] | None) -> None:
+        self.errors: list[str] = []
+        self._library_names = library_names
+
+    def library_names(self) -> frozenset[str]:
+        """The probe library's names, imported on first need, so a config without own probes
+        never loads the probe library."""
+        if self._library_names is None:
+            from pharos.engine.library import LIBRARY_PROBE_NAMES
+
+            self._library_names = LIBRARY_PROBE_NAMES
+        return self._library_names
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(f"{path or 'top level'}: {message}")
+
+    def expected(self, path: str, what: str, got: object) -> None:
+        self.error(path, f"expected {what}, got {_show(got)}")
+
+    def mapping(
+        self, raw: object, path: str, known: Collection[str], required: Collection[str] = ()
+    ) -> dict[str, object] | None:
+        """The fields of a mapping, reporting unknown and missing ones; ``None`` if it isn't a
+        mapping at all."""
+        if not isinstance(raw, dict):
+            self.expected(path, "a mapping", raw)
+            return None
+        for key in raw:
+            if key not in known:
+                self.error(path, f"unknown field {_show(key)}")
+        for name in required:
+            if name not in raw:
+                self.error(path, f"missing required field {name!r}")
+        return {k: v for k, v in raw.items() if isinstance(k, str) and k in known}
+
+    def items(self, raw: object, path: str) -> list[object]:
+        """A list's items; null is an empty list."""
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            self.expected(path, "a list", raw)
+            return []
+        return raw
+
+    def text(self, raw: object, path: str, what: str = "a non-empty string") -> str | None:
+        if isinstance(raw, str) and raw:
+            return raw
+        self.expected(path, what, raw)
+        return None
+
+    def integer(self, raw: object, path: str, minimum: int = 1) -> int | None:
+        if _is_int(raw) and raw >= minimum:
+            return raw
+        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+        self.expected(path, what, raw)
+        return None
+
+    def choice(self, raw: object, path: str, choices: Sequence[_Choice]) -> _Choice | None:
+        for choice in choices:
+            if raw == choice:
+                return choice
+        self.expected(path, _one_of(choices), raw)
+        return None
+
+    def duration(self, raw: object, path: str, default: float) -> float:
+        if raw is None:
+            return default
+        if _is_number(raw) and raw >= 0:
+            return float(raw)
+        if isinstance(raw, str):
+            try:
+                return parse_duration(raw)
+            except ValueError:
+                pass
+        self.expected(path, "a duration such as 5s, 10m or 1h30m, or a number of seconds", raw)
+        return default
+
+    def listen(self, raw: object, path: str, default: str) -> Listen:
+        if raw is None:
+            return Listen(default)
+        address = f":{raw}" if _is_int(raw) else raw
+        if isinstance(address, str):
+            try:
+                _parse_listen(address)
+                return Listen(address)
+            except ValueError:
+                pass
+        self.expected(path, _LISTEN_FORMS, raw)
+        return Listen(default)
+
+    def config(self, raw: object) -> Config:
+        if raw is None:
+            return Config()
+        m = self.mapping(
+            raw,
+            "",
+            ("listen", "policy", "backends", "keys", "state_file", "usage", "drain", "peers"),
+        )
+        if m is None:
+            return Config()
+        listen = self.listen(m.get("listen"), "listen", DEFAULT_LISTEN)
+        policy = DEFAULT_POLICY
+        if m.get("policy") is not None:
+            policy = self.choice(m["policy"], "policy", POLICIES) or policy
+        state_file = None
+        if m.get("state_file") is not None:
+            state_file = self.text(m["state_file"], "state_file", "a path")
+        return Config(
+            listen=listen,
+            policy=policy,
+            backends=self.backends(m.get("backends")),
+            keys=self.keys(m.get("keys")),
+            state_file=state_file,
+            usage=self.usage(m.get("usage")),
+            drain=self.drain(m.get("drain")),
+            peers=self.peers(m.get("peers")),
+        )
+
+    def backends(self, raw: object) -> tuple[Backend, ...]:
+        backends: list[Backend] = []
+        urls: set[str] = set()
+        for i, item in enumerate(self.items(raw, "backends")):
+            backend = self.backend(item, f"backends[{i}]")
+            if backend is None:
+                continue
+            if backend.url and backend.url in urls:
+                self.error(f"backends[{i}].url", f"duplicate backend url {backend.url!r}")
+            urls.add(backend.url)
+            backends.append(backend)
+        return tuple(backends)
+
+    def backend(self, raw: object, path: str) -> Backend | None:
+        known = ("url", "kind", "memory_gb", "capacity", "aliases", "logs", "probes")
+        m = self.mapping(raw, path, known, required=("url",))
+        if m is None:
+            return None
+        url = self.url(m["url"], _at(path, "url")) if "url" in m else None
+        kind = DEFAULT_KIND
+        if m.get("kind") is not None:
+            kind = self.choice(m["kind"], _at(path, "kind"), BACKEND_KINDS) or kind
+        memory_gb = None
+        if (raw_memory := m.get("memory_gb")) is not None:
+            if _is_number(raw_memory) and raw_memory > 0:
+                memory_gb = float(raw_memory)
+            else:
+                self.expected(_at(path, "memory_gb"), "a positive number", raw_memory)
+        capacity = None
+        if m.get("capacity") is not None:
+            capacity = self.integer(m["capacity"], _at(path, "capacity"))
+        logs = None
+        if m.get("logs") is not None:
+            logs = self.log_feed(m["logs"], _at(path, "logs"))
+        return Backend(
+            url=url or "",
+            kind=kind,
+            memory_gb=memory_gb,
+            capacity=capacity,
+            aliases=self.aliases(m.get("aliases"), _at(path, "aliases")),
+            logs=logs,
+            probes=self.probes(m.get("probes"), _at(path, "probes")),
+        )
+
+    def url(self, raw: object, path: str) -> str | None:
+        if isinstance(raw, str):
+            try:
+                parts = urllib.parse.urlsplit(raw)
+                valid = (
+                    parts.scheme in ("http", "https")
+                    and bool(parts.hostname)
+                    and (parts.port is None or parts.port > 0)
+                    and not parts.query
+                    and not parts.fragment
+                )
+            except ValueError:  # a port that isn't a number, a bracket left open
+                valid = False
+            if valid:
+                return raw.rstrip("/")
+        self.expected(path, "an absolute http or https URL", raw)
+        return None
+
+    def log_feed(self, raw: object, path: str) -> LogFeed | None:
+        if isinstance(raw, str):
+            if raw.startswith("docker://") and _CONTAINER.fullmatch(raw[len("docker://") :]):
+                return LogFeed("docker", raw[len("docker://") :])
+            if raw.startswith("file:///"):
+                return LogFeed("file", raw[len("file://") :])
+        self.expected(path, "docker://<container> or file:///<absolute path>", raw)
+        return None
+
+    def aliases(self, raw: object, path: str) -> Mapping[str, str]:
+        if raw is None:
+            return _no_aliases()
+        if not isinstance(raw, dict):
+            self.expected(path, "a mapping of engine model name to client model name", raw)
+            return _no_aliases()
+        aliases: dict[str, str] = {}
+        engine_name_of: dict[str, str] = {}
+        for engine_name, client_name in raw.items():
+            where = f"{path}[{_show(engine_name)}]"
+            if not isinstance(engine_name, str) or not engine_name:
+                self.error(path, f"expected engine model names as keys, got {_show(engine_name)}")
+                continue
+            if not isinstance(client_name, str) or not client_name:
+                self.expected(where, "a non-empty string", client_name)
+                continue
+            if client_name in engine_name_of:
+                self.error(
+                    where,
+                    f"{engine_name_of[client_name]!r} and {engine_name!r} both map to "
+                    f"{client_name!r}",
+                )
+                continue
+            engine_name_of[client_name] = engine_name
+            aliases[engine_name] = client_name
+        return MappingProxyType(aliases)
+
+    def probes(self, raw: object, path: str) -> tuple[OwnProbe, ...]:
+        probes: list[OwnProbe] = []
+        names: set[str] = set()
+        for i, item in enumerate(self.items(raw, path)):
+            probe = self.probe(item, f"{path}[{i}]", names)
+            if probe is not None:
+                probes.append(probe)
+        return tuple(probes)
+
+    def probe(self, raw: object, path: str, names: set[str]) -> OwnProbe | None:
+        """One own probe, checked against the rules of spec §4."""
+        m = self.mapping(raw, path, ("name", "signal", "prom", "log"), required=("name", "signal"))
+        if m is None:
+            return None
+        name = self.text(m["name"], _at(path, "name")) if "name" in m else None
+        if name is not None:
+            if name in self.library_names():
+                self.error(_at(path, "name"), f"{name!r} is already a library probe's name")
+            elif name in names:
+                self.error(_at(path, "name"), f"duplicate probe name {name!r}")
+            names.add(name)
+        signal = None
+        if "signal" in m:
+            choices = [s.value for s in Signal]
+            if (value := self.choice(m["signal"], _at(path, "signal"), choices)) is not None:
+                signal = Signal(value)
+        prom, log = m.get("prom"), m.get("log")
+        spec: PromSpec | LogSpec | None = None
+        if prom is not None and log is not None:
+            self.error(path, "expected exactly one of prom, log, got both")
+        elif prom is not None:
+            spec = self.prom(prom, _at(path, "prom"), signal)
+        elif log is not None:
+            spec = self.log(log, _at(path, "log"), signal)
+        else:
+            self.error(path, "missing required field: one of prom, log")
+        if name is None or signal is None or spec is None:
+            return None
+        return OwnProbe(name=name, signal=signal, spec=spec)
+
+    def prom(self, raw: object, path: str, signal: Signal | None) -> PromSpec | None:
+        m = self.mapping(
+            raw, path, ("path", "metric", "per_model", "scale"), required=("path", "metric")
+        )
+        if m is None:
+            return None
+        if signal is not None and signal not in LOAD_SIGNALS:
+            loads = [s.value for s in Signal if s in LOAD_SIGNALS]
+            self.error(
+                path, f"a prom probe reads only {', '.join(loads)}, not {signal.value!r}"
+            )
+        url_path = None
+        if "path" in m:
+            url_path = self.text(m["path"], _at(path, "path"))
+            if url_path is not None and not url_path.startswith("/"):
+                self.expected(_at(path, "path"), "a path starting with /", url_path)
+                url_path = None
+        metric = None
+        if "metric" in m:
+            metric = self.text(m["metric"], _at(path, "metric"))
+            if metric is not None and not _METRIC.fullmatch(metric):
+                self.expected(_at(path, "metric"), "a Prometheus metric name", metric)
+                metric = None
+        per_model = None
+        if (raw_label := m.get("per_model")) is not None:
+            per_model = self.text(raw_label, _at(path, "per_model"))
+            if per_model is not None and not _LABEL.fullmatch(per_model):
+                self.expected(_at(path, "per_model"), "a Prometheus label name", per_model)
+                per_model = None
+        scale = DEFAULT_SCALE
+        if (raw_scale := m.get("scale")) is not None:
+            if signal is not None and signal is not Signal.KV_USAGE:
+                self.error(_at(path, "scale"), f"applies only to kv_usage, not {signal.value!r}")
+            scale = self.choice(raw_scale, _at(path, "scale"), SCALES) or scale
+        if url_path is None or metric is None:
+            return None
+        return PromSpec(path=url_path, metric=metric, per_model=per_model, scale=scale)
+
+    def log(self, raw: object, path: str, signal: Signal | None) -> LogSpec | None:
+        m = self.mapping(raw, path, ("match", "value"), required=("match",))
+        if m is None:
+            return None
+        if signal is not None and signal not in LOG_SIGNALS:
+            readable = [s.value for s in Signal if s in LOG_SIGNALS]
+            self.error(
+                path, f"a log probe reads only {', '.join(readable)}, not {signal.value!r}"
+            )
+            signal = None  # no fixed value can be right for it
+        pattern = None
+        if "match" in m and (source := self.text(m["match"], _at(path, "match"))) is not None:
+            try:
+                pattern = re.compile(source)
+            except re.error as e:
+                self.error(_at(path, "match"), f"pattern does not compile: {e}")
+        raw_value = m.get("value")
+        value: FixedValue | None = None
+        if raw_value is not None and signal is not None:
+            value = self.fixed_value(raw_value, _at(path, "value"), signal)
+        if pattern is not None:
+            has_group = "value" in pattern.groupindex
+            if has_group and raw_value is not None:
+                self.error(
+                    path, "expected a named group 'value' in match or a fixed value, got both"
+                )
+            elif not has_group and raw_value is None:
+                self.error(
+                    _at(path, "match"),
+                    "needs a named group 'value', as in (?P<value>...), or a fixed value",
+                )
+            if signal is Signal.RESIDENCY and "model" not in pattern.groupindex:
+                # a residency value covers only the model the line names (spec §4)
+                self.error(
+                    _at(path, "match"),
+                    "a residency line must name its model: add a group (?P<model>...)",
+                )
+        if pattern is None:
+            return None
+        return LogSpec(match=pattern, value=value)
+
+    def fixed_value(self, raw: object, path: str, signal: Signal) -> FixedValue | None:
+        """A log probe's fixed value, valid for its signal (checked here, not per line)."""
+        if signal is Signal.RESIDENCY:
+            residency = self.choice(raw, path, [r.value for r in _FIXED_RESIDENCIES])
+            return None if residency is None else Residency(residency)
+        if signal in COUNT_SIGNALS:
+            return self.integer(raw, path, minimum=0)
+        if signal is Signal.KV_USAGE:
+            if _is_number(raw) and 0 <= raw <= 1:
+                return float(raw)
+            self.expected(path, "a number from 0 to 1", raw)
+            return None
+        return self.text(raw, path)
+
+    def keys(self, raw: object) -> tuple[Key, ...]:
+        keys: list[Key] = []
+        owner_of_name: set[str] = set()
+        owner_of_hash: dict[str, str] = {}
+        for i, item in enumerate(self.items(raw, "keys")):
+            path = f"keys[{i}]"
+            key = self.key(item, path)
+            if key is None:
+                continue
+            if key.name:
+                if key.name in owner_of_name:
+                    self.error(_at(path, "name"), f"duplicate key name {key.name!r}")
+                owner_of_name.add(key.name)
+            if key.sha256:
+                if key.sha256 in owner_of_hash:
+                    self.error(
+                        _at(path, "sha256"),
+                        f"duplicate key hash, already used by {owner_of_hash[key.sha256]!r}",
+                    )
+                owner_of_hash.setdefault(key.sha256, key.name)
+            keys.append(key)
+        return tuple(keys)
+
+    def key(self, raw: object, path: str) -> Key | None:
+        known = ("name", "sha256", "rpm", "tokens_per_day", "weight", "models", "admin")
+        m = self.mapping(raw, path, known, required=("name", "sha256"))
+        if m is None:
+            return None
+        name = self.text(m["name"], _at(path, "name")) if "name" in m else None
+        sha256 = None
+        if "sha256" in m:
+            if isinstance(m["sha256"], str) and _SHA256.fullmatch(m["sha256"]):
+                sha256 = m["sha256"]
+            else:
+                self.expected(_at(path, "sha256"), "64 lowercase hex digits", m["sha256"])
+        limits: dict[str, int | None] = {}
+        for limit in ("rpm", "tokens_per_day"):
+            raw_limit = m.get(limit)
+            limits[limit] = None if raw_limit is None else self.integer(raw_limit, _at(path, limit))
+        weight = DEFAULT_WEIGHT
+        if m.get("weight") is not None:
+            weight = self.integer(m["weight"], _at(path, "weight")) or weight
+        models: list[str] = []
+        for j, model in enumerate(self.items(m.get("models"), _at(path, "models"))):
+            if (text := self.text(model, f"{path}.models[{j}]")) is not None:
+                models.append(text)
+        admin = False
+        if (raw_admin := m.get("admin")) is not None:
+            if isinstance(raw_admin, bool):
+                admin = raw_admin
+            else:
+                self.expected(_at(path, "admin"), "true or false", raw_admin)
+        return Key(
+            name=name or "",
+            sha256=sha256 or "",
+            rpm=limits["rpm"],
+            tokens_per_day=limits["tokens_per_day"],
+            weight=weight,
+            models=tuple(models),
+            admin=admin,
+        )
+
+    def usage(self, raw: object) -> Usage:
+        if raw is None:
+            return Usage()
+        m = self.mapping(raw, "usage", ("timezone", "retention_days"))
+        if m is None:
+            return Usage()
+        timezone = None
+        if (raw_zone := m.get("timezone")) is not None:
+            timezone = self.text(raw_zone, "usage.timezone", "an IANA time zone name")
+            if timezone is not None:
+                try:
+                    zoneinfo.ZoneInfo(timezone)
+                except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+                    self.expected("usage.timezone", "an IANA time zone name", timezone)
+                    timezone = None
+        retention = DEFAULT_RETENTION_DAYS
+        if m.get("retention_days") is not None:
+            retention = self.integer(m["retention_days"], "usage.retention_days") or retention
+        return Usage(timezone=timezone, retention_days=retention)
+
+    def drain(self, raw: object) -> Drain:
+        if raw is None:
+            return Drain()
+        m = self.mapping(raw, "drain", ("grace", "timeout"))
+        if m is None:
+            return Drain()
+        return Drain(
+            grace=self.duration(m.get("grace"), "drain.grace", DEFAULT_DRAIN_GRACE),
+            timeout=self.duration(m.get("timeout"), "drain.timeout", DEFAULT_DRAIN_TIMEOUT),
+        )
+
+    def peers(self, raw: object) -> Peers | None:
+        if raw is None:
+            return None
+        known = ("listen", "secret_file", "members", "dns")
+        m = self.mapping(raw, "peers", known, required=("secret_file",))
+        if m is None:
+            return None
+        secret_file = None
+        if "secret_file" in m:
+            secret_file = self.text(m["secret_file"], "peers.secret_file", "a path")
+        members: list[str] = []
+        if m.get("members") is not None:
+            items = self.items(m["members"], "peers.members")
+            for i, item in enumerate(items):
+                member = self.address(item, f"peers.members[{i}]", port_required=True)
+                if member is not None:
+                    members.append(member)
+            if isinstance(m["members"], list) and not items:
+                self.expected("peers.members", "a non-empty list of host:port", m["members"])
+        dns = None
+        if m.get("dns") is not None:
+            dns = self.address(m["dns"], "peers.dns", port_required=False)
+        has_members, has_dns = m.get("members") is not None, m.get("dns") is not None
+        if has_members and has_dns:
+            self.error("peers", "expected exactly one of members, dns, got both")
+        elif not has_members and not has_dns:
+            self.error("peers", "missing required field: one of members, dns")
+        return Peers(
+            secret_file=secret_file or "",
+            listen=self.listen(m.get("listen"), "peers.listen", DEFAULT_PEER_LISTEN),
+            members=tuple(members),
+            dns=dns,
+        )
+
+    def address(self, raw: object, path: str, *, port_required: bool) -> str | None:
+        """A peer address: host:port or [ipv6]:port, or (``dns``) a bare host name."""
+        if isinstance(raw, str):
+            host, port, ipv6 = raw, "", False
+            if match := _IPV6_PORT.fullmatch(raw):
+                host, port, ipv6 = match["host"], match["port"], True
+            elif ":" in raw:
+                host, _, port = raw.rpartition(":")
+            valid_host = _is_ipv6(host) if ipv6 else bool(_HOSTNAME.fullmatch(host))
+            valid_port = (port.isdigit() and 0 < int(port) <= 65535) if port else not port_required
+            if valid_host and valid_port:
+                return raw
+        self.expected(path, "host:port" if port_required else "a host name or host:port", raw)
+        return None

@@ -1,0 +1,79 @@
+"""``pharos doctor --record``: write what a live backend serves in the fixture format.
+
+It records every path of ``RECORD_PATHS`` (whatever the answer, 404s included) and, with
+``streams``, the replies to a fixed set of client requests. It is the only recorder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pharos.engine.capture import RECORD_PATHS, Recorded, RecordedReply, write_capture
+from pharos.engine.fetch import FetchError, HTTPFetcher
+from pharos.engine.library import OLLAMA
+
+#: A prompt with nothing personal in it: captures are committed.
+_PROMPT = "Count from one to five."
+
+
+def client_requests(kind: str, model: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """The replies a capture holds: (name, path, request body), streamed and not."""
+    chat = {"model": model, "messages": [{"role": "user", "content": _PROMPT}],
+            "max_tokens": 12, "temperature": 0}
+    comp = {"model": model, "prompt": _PROMPT, "max_tokens": 12, "temperature": 0}
+    reqs: list[tuple[str, str, dict[str, Any]]] = [
+        ("chat", "/v1/chat/completions", {**chat, "stream": False}),
+        ("chat_stream", "/v1/chat/completions", {**chat, "stream": True}),
+        ("chat_stream_usage", "/v1/chat/completions",
+         {**chat, "stream": True, "stream_options": {"include_usage": True}}),
+        ("completion", "/v1/completions", {**comp, "stream": False}),
+        ("completion_stream_usage", "/v1/completions",
+         {**comp, "stream": True, "stream_options": {"include_usage": True}}),
+        ("embeddings", "/v1/embeddings", {"model": model, "input": "one two three"}),
+    ]
+    if kind == OLLAMA:
+        native = {"model": model, "options": {"num_predict": 12, "temperature": 0}}
+        reqs += [
+            ("api_chat", "/api/chat",
+             {**native, "messages": chat["messages"], "stream": False}),
+            ("api_chat_stream", "/api/chat", {**native, "messages": chat["messages"]}),
+            ("api_generate_stream", "/api/generate", {**native, "prompt": _PROMPT}),
+            ("api_embed", "/api/embed", {"model": model, "input": "one two three"}),
+        ]
+    return reqs
+
+
+async def record(
+    fetcher: HTTPFetcher,
+    directory: Path,
+    meta: Mapping[str, Any],
+    streams_for: tuple[str, str] | None = None,
+) -> Path:
+    """Record the backend into ``directory``; ``streams_for`` = (kind, model) adds replies."""
+    paths: dict[str, Recorded] = {}
+    for path in RECORD_PATHS:
+        try:
+            got = await fetcher.fetch(path)
+        except FetchError as e:
+            paths[path] = Recorded(0, "", str(e).encode())
+            continue
+        paths[path] = Recorded(got.status, got.content_type, got.body)
+    replies: list[RecordedReply] = []
+    if streams_for is not None:
+        kind, model = streams_for
+        for name, path, body in client_requests(kind, model):
+            req = json.dumps(body).encode()
+            try:
+                got = await fetcher.post(path, req, timeout=120)
+            except FetchError as e:
+                replies.append(RecordedReply(name, "POST", path, 0, "", req, str(e).encode()))
+                continue
+            replies.append(RecordedReply(name, "POST", path, got.status, got.content_type,
+                                         req, got.body))
+    full_meta = {"date": datetime.date.today().isoformat(), "capture": "live", **meta}
+    write_capture(directory, full_meta, paths, tuple(replies))
+    return directory
