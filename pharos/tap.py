@@ -6,6 +6,7 @@ from typing import Any
 
 from twisted.application import strports
 from twisted.application.service import IService, MultiService
+from twisted.internet.error import CannotListenError
 from twisted.python import usage
 from twisted.web.server import Site
 
@@ -31,6 +32,10 @@ class Options(usage.Options):
             raise usage.UsageError(f"{path}: {e.strerror}") from None
 
 
+class ListenError(Exception):
+    """The public port cannot be bound; twistd prints this (cut to 100 bytes) and exits 1."""
+
+
 class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
@@ -38,6 +43,15 @@ class PharosService(MultiService):
         super().__init__()
         self.config = config
         self.public = PublicAPI()
+
+    def privilegedStartService(self) -> None:
+        """Bind the listeners; a busy port fails start-up with a message naming it."""
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            why = e.socketError.strerror if isinstance(e.socketError, OSError) else e.socketError
+            where = f"{e.interface or '*'}:{e.port}"
+            raise ListenError(f"cannot listen on {where}: {why}") from None
 
 
 def makeService(options: Any) -> IService:
