@@ -18,10 +18,10 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) -m pharos.demo
+	$(PY) contrib/doctor_demo.py
 
 lint: install
-	$(VENV)/bin/ruff check pharos tests twisted
+	$(VENV)/bin/ruff check pharos tests twisted contrib
 	$(VENV)/bin/mypy
 
 # Layers 1, 2 and 4 (live tests build or install their engines when missing), packaging.

@@ -11,13 +11,13 @@ from http.cookiejar import DefaultCookiePolicy
 from pathlib import Path
 from typing import Any, Protocol
 
+from treq.client import HTTPClient
+from treq.cookies import IndexableCookieJar
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol as TxProtocol
 from twisted.python.failure import Failure
-from treq.client import HTTPClient
-from treq.cookies import IndexableCookieJar
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers

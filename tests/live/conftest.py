@@ -1,0 +1,58 @@
+"""Layer 4 set-up: real engines on loopback, built or installed the first time.
+
+``PHAROS_LIVE=0`` skips these tests (the quick loop of ``make check``); otherwise an engine
+that cannot be installed is a failure, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.live.engines import engines
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/live is a live test."""
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.live)
+
+
+def ensure_installed(what: str) -> None:
+    """Run setup.sh for one engine when it is missing (idempotent, cached outside the clone)."""
+    if os.environ.get("PHAROS_LIVE") == "0":
+        pytest.skip("PHAROS_LIVE=0: live engine tests not requested")
+    ready = engines.llamacpp_available() if what == "llamacpp" else engines.vllm_available()
+    if ready:
+        return
+    r = subprocess.run(["bash", str(HERE / "engines" / "setup.sh"), what],
+                       capture_output=True, text=True, timeout=45 * 60)
+    if r.returncode != 0:
+        pytest.fail(f"setup.sh {what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def llamacpp() -> Iterator[engines.RunningEngine]:
+    """llama-server b11312 with the slow GGUF, 2 slots, metrics and slots on."""
+    ensure_installed("llamacpp")
+    model = engines.gguf_slow_model()
+    assert model is not None
+    with engines.start_llama_server(model, parallel=engines.LLAMA_PARALLEL) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[engines.RunningEngine]:
+    """vLLM 0.32.0 CPU build with the tiny HF model, prefix caching and cached-token usage."""
+    ensure_installed("vllm")
+    model = engines.hf_model_dir()
+    assert model is not None
+    with engines.start_vllm(model, max_num_seqs=engines.VLLM_MAX_NUM_SEQS) as eng:
+        yield eng

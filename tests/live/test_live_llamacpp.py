@@ -1,0 +1,81 @@
+"""Layer 4 on llama.cpp b11312 (built from source): Pharos's probes against the real server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.live.engines import engines
+from tests.live.load import doctor, start_streams, stop_all, wait_started
+
+SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": engines.LLAMA_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
+
+
+def wait_idle(eng: engines.RunningEngine, timeout: float = 60.0) -> None:
+    """Wait until the engine has no request running (after streams were cancelled)."""
+    deadline = time.monotonic() + timeout
+    while engines.get_metrics(eng.url).get("llamacpp:requests_processing", 0) != 0:
+        assert time.monotonic() < deadline, "engine did not go idle"
+        time.sleep(0.2)
+
+
+def test_detects_llamacpp_and_reads_idle_signals(llamacpp: engines.RunningEngine) -> None:
+    """Detection finds llama.cpp; version, model, capacity are read and an idle server is 0/0."""
+    wait_idle(llamacpp)
+    r = doctor(llamacpp.url)
+    assert r["kind"] == "llamacpp"
+    assert r["version"] == f"b{engines.LLAMA_BUILD_NUMBER}"
+    assert list(r["signals"]["models"]) == ["tiny"]
+    whole = r["signals"]["backend"]
+    assert whole["capacity"] == engines.LLAMA_PARALLEL
+    assert whole["running"] == 0
+    assert whole["waiting"] == 0
+    active = {a["probe"] for a in r["active"]}
+    assert {"llamacpp-running", "llamacpp-waiting", "llamacpp-props-capacity"} <= active
+
+
+def test_running_equals_concurrent_requests(llamacpp: engines.RunningEngine) -> None:
+    """N streams that all have their first token read as Running == N, Waiting == 0."""
+    wait_idle(llamacpp)
+    streams = start_streams(llamacpp.url, SLOW, engines.LLAMA_PARALLEL)
+    try:
+        wait_started(streams, engines.LLAMA_PARALLEL)
+        whole = doctor(llamacpp.url)["signals"]["backend"]
+    finally:
+        stop_all(streams)
+    assert whole["running"] == engines.LLAMA_PARALLEL
+    assert whole["waiting"] == 0
+
+
+def test_more_requests_than_slots_read_as_waiting(llamacpp: engines.RunningEngine) -> None:
+    """One stream more than slots: both slots run and the extra one is deferred (Waiting 1)."""
+    wait_idle(llamacpp)
+    streams = start_streams(llamacpp.url, SLOW, engines.LLAMA_PARALLEL + 1)
+    try:
+        wait_started(streams, engines.LLAMA_PARALLEL)
+        time.sleep(0.5)  # the third request has reached the server's queue by now
+        assert sum(s.started.is_set() for s in streams) == engines.LLAMA_PARALLEL
+        whole = doctor(llamacpp.url)["signals"]["backend"]
+        still_waiting = sum(not s.started.is_set() for s in streams)
+    finally:
+        stop_all(streams)
+    assert still_waiting == 1, "a slot freed during the read: rerun"
+    assert whole["running"] == engines.LLAMA_PARALLEL
+    assert whole["waiting"] == 1
+
+
+def test_repeated_long_prefix_reports_cached_tokens(llamacpp: engines.RunningEngine) -> None:
+    """The same long prompt twice: the second reply reports cached tokens (usage and timings)."""
+    wait_idle(llamacpp)
+    body = {"model": "tiny", "max_tokens": 4,
+            "messages": [{"role": "user", "content": engines.long_prompt(450, seed=7)}]}
+    replies = []
+    for _ in range(2):
+        status, raw = engines.http_post_json(llamacpp.url + "/v1/chat/completions", body)
+        assert status == 200, raw[:300]
+        replies.append(json.loads(raw))
+    first, second = replies
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert second["timings"]["cache_n"] > 0
+    assert second["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]

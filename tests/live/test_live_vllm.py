@@ -1,0 +1,68 @@
+"""Layer 4 on vLLM 0.32.0 (CPU build): Pharos's probes against the real server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.live.engines import engines
+from tests.live.load import doctor, start_streams, stop_all, wait_started
+
+SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": engines.VLLM_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
+
+
+def wait_idle(eng: engines.RunningEngine, timeout: float = 60.0) -> None:
+    """Wait until vLLM reports no running or waiting request."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = engines.get_metrics(eng.url)
+        busy = m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
+        if busy == 0:
+            return
+        assert time.monotonic() < deadline, "engine did not go idle"
+        time.sleep(0.2)
+
+
+def test_detects_vllm_and_reads_idle_signals(vllm: engines.RunningEngine) -> None:
+    """Detection finds vLLM; version, model and KV usage are read; idle is 0 running, 0 waiting."""
+    wait_idle(vllm)
+    r = doctor(vllm.url)
+    assert r["kind"] == "vllm"
+    assert r["version"] == engines.VLLM_VERSION
+    tiny = r["signals"]["models"]["tiny"]
+    assert tiny["running"] == 0
+    assert tiny["waiting"] == 0
+    assert tiny["kv_usage"] is not None and 0.0 <= tiny["kv_usage"] <= 1.0
+    assert tiny["capacity"] is None  # vLLM reports no capacity: unknown, never a guess
+
+
+def test_running_and_waiting_under_overload(vllm: engines.RunningEngine) -> None:
+    """More streams than --max-num-seqs: Running == max-num-seqs, Waiting == the rest."""
+    wait_idle(vllm)
+    streams = start_streams(vllm.url, SLOW, engines.VLLM_CONCURRENT)
+    try:
+        wait_started(streams, engines.VLLM_MAX_NUM_SEQS)
+        time.sleep(0.5)
+        started = sum(s.started.is_set() for s in streams)
+        tiny = doctor(vllm.url)["signals"]["models"]["tiny"]
+        started_after = sum(s.started.is_set() for s in streams)
+    finally:
+        stop_all(streams)
+    assert started == started_after == engines.VLLM_MAX_NUM_SEQS, "a request finished: rerun"
+    assert tiny["running"] == engines.VLLM_MAX_NUM_SEQS
+    assert tiny["waiting"] == engines.VLLM_CONCURRENT - engines.VLLM_MAX_NUM_SEQS
+
+
+def test_repeated_long_prefix_reports_cached_tokens(vllm: engines.RunningEngine) -> None:
+    """The same long prompt twice: the second reply reports cached tokens > 0."""
+    wait_idle(vllm)
+    body = {"model": "tiny", "max_tokens": 4,
+            "messages": [{"role": "user", "content": engines.long_prompt(450, seed=11)}]}
+    replies = []
+    for _ in range(2):
+        status, raw = engines.http_post_json(vllm.url + "/v1/chat/completions", body)
+        assert status == 200, raw[:300]
+        replies.append(json.loads(raw))
+    assert (replies[0]["usage"]["prompt_tokens_details"] or {}).get("cached_tokens", 0) == 0
+    assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
