@@ -63,10 +63,15 @@ openai_models = Probe("openai-models", Signal.MODELS, _openai_models, path="/v1/
 # --- Ollama ----------------------------------------------------------------------------------
 
 
+_OLLAMA_VERSION = re.compile(r"^\d+\.\d+")
+_LLAMASWAP_VERSION = re.compile(r"^v?\d+$")
+
+
 def _ollama_version(body: bytes) -> Snapshot:
     version = field(json_body(body), "version", str, "/api/version")
-    # llama-swap answers /api/version with "v260"; Ollama's versions start with a digit.
-    if version is None or not version[:1].isdigit():
+    # llama-swap answers /api/version too: "v250", or a bare "200" before v233. Ollama's
+    # versions are dotted (a dev build says "0.0.0").
+    if version is None or not _OLLAMA_VERSION.match(version):
         return Snapshot()
     return Snapshot(version=version)
 
@@ -206,7 +211,10 @@ _SWAP_STATES = {"ready": Residency.LOADED, "starting": Residency.LOADING}
 
 def _llamaswap_version(body: bytes) -> Snapshot:
     version = field(json_body(body), "version", str, "/api/version")
-    return Snapshot(version=version or None)
+    # Its tags are v<N> (a bare <N> before v233, "0" for a dev build); never dotted like Ollama's.
+    if version is None or not _LLAMASWAP_VERSION.match(version):
+        return Snapshot()
+    return Snapshot(version=version)
 
 
 def _llamaswap_running(body: bytes) -> Snapshot:
