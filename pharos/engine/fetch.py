@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
-from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol as TxProtocol
@@ -127,25 +126,37 @@ class HTTPFetcher:
 
     def fetch(self, path: str) -> Deferred[Fetched]:
         """GET one path; every failure, including the timeout, becomes ``FetchError``."""
-        d = Deferred.fromCoroutine(self._get(path))
-        d.addTimeout(self._timeout, self._clock)
-        return d.addErrback(self._as_fetch_error)
-
-    def _as_fetch_error(self, failure: Failure) -> Failure:
-        if failure.check(FetchError):
-            return failure
-        if failure.check(TimeoutError, defer.TimeoutError):
-            return Failure(FetchError(f"no answer within {self._timeout:g} s"))
-        e = failure.value
-        msg = str(e).strip()
-        name = type(e).__name__
-        return Failure(FetchError(f"{name}: {msg}" if msg else name))
+        return self._bounded(Deferred.fromCoroutine(self._get(path)), self._timeout)
 
     def post(self, path: str, body: bytes, timeout: float | None = None) -> Deferred[Fetched]:
         """POST a JSON body and collect the whole reply (doctor's route checks, recording)."""
-        d = Deferred.fromCoroutine(self._get(path, body))
-        d.addTimeout(timeout or self._timeout, self._clock)
-        return d.addErrback(self._as_fetch_error)
+        return self._bounded(Deferred.fromCoroutine(self._get(path, body)),
+                             timeout or self._timeout)
+
+    def _bounded(self, d: Deferred[Fetched], timeout: float) -> Deferred[Fetched]:
+        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure."""
+        timed_out: list[bool] = []
+
+        def expire() -> None:
+            timed_out.append(True)
+            d.cancel()
+
+        call = self._clock.callLater(timeout, expire)
+
+        def settle(result: object) -> object:
+            if call.active():
+                call.cancel()
+            if isinstance(result, Failure) and not result.check(FetchError):
+                if timed_out:
+                    return Failure(FetchError(f"no answer within {timeout:g} s"))
+                e = result.value
+                msg = str(e).strip()
+                return Failure(FetchError(f"{type(e).__name__}: {msg}" if msg else
+                                          type(e).__name__))
+            return result
+
+        d.addBoth(settle)
+        return d
 
     async def _get(self, path: str, body: bytes | None = None) -> Fetched:
         url = (self._base + path).encode("ascii")

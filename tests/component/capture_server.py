@@ -1,0 +1,53 @@
+"""A loopback HTTP server that answers like a recorded capture (tests only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from pharos.engine.capture import Capture
+
+
+class CaptureResource(Resource):
+    """Serves each recorded path with its recorded status, content type and body.
+
+    ``delays`` holds paths whose answer starts only after that many seconds; ``bodies``
+    replaces a path's body (huge or malformed pages).
+    """
+
+    isLeaf = True
+
+    def __init__(self, capture: Capture, clock: IReactorTime) -> None:
+        super().__init__()
+        self.capture = capture
+        self.clock = clock
+        self.delays: dict[str, float] = {}
+        self.bodies: dict[str, bytes] = {}
+        self.gets: list[str] = []
+
+    def render_GET(self, request: Request) -> Any:
+        path = request.path.decode()
+        self.gets.append(path)
+        rec = self.capture.paths.get(path)
+        if rec is None or rec.status == 0:
+            request.setResponseCode(404)
+            return b"not recorded"
+        request.setResponseCode(rec.status)
+        request.responseHeaders.removeHeader(b"content-type")
+        if rec.content_type:
+            request.setHeader(b"content-type", rec.content_type.encode())
+        body = self.bodies.get(path, rec.body)
+        delay = self.delays.get(path)
+        if delay is None:
+            return body
+
+        def later() -> None:
+            if not request.finished and not request._disconnected:
+                request.write(body)
+                request.finish()
+
+        self.clock.callLater(delay, later)
+        return NOT_DONE_YET
