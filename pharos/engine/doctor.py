@@ -120,14 +120,14 @@ class BackendReport:
 
 def _model_signals(snap: Snapshot, model: str) -> dict[str, Any]:
     info = snap.model_info(model)
-    load = snap.load.get(model)
+    load = snap.load_for(model)  # the whole backend's values hold for each of its models
     out: dict[str, Any] = {
         "residency": None if info.state is Residency.UNKNOWN else info.state.value,
         "vram_bytes": info.vram_bytes,
         "size_bytes": info.size_bytes,
     }
     for s in LOAD_ORDER:
-        out[s.value] = load.get(s) if load else None
+        out[s.value] = load.get(s)
     return out
 
 
@@ -249,7 +249,7 @@ def render_text(reports: Sequence[BackendReport], source_note: str = "") -> str:
         out.append("  active probes:")
         for a in doc["active"]:
             val = json.dumps(a["value"]) if a["value"] is not None else "no match yet"
-            feed = f"{a['source']}:{a['feed']}"
+            feed = a["source"] if a["feed"] == "log" else f"{a['source']} {a['feed']}"
             out.append(f"    {a['probe']:<28} {a['signal']:<11} {feed:<22} {val}")
         if doc["dropped"]:
             out.append("  dropped probes:")

@@ -207,3 +207,13 @@ def test_doctor_reports_capture(capture: Capture) -> None:
     unknown = set(doc["unknown"])
     for s in Signal:
         assert (s.value in unknown) == (report.merged().known(s) is False)
+
+
+def test_support_md_is_current() -> None:
+    """SUPPORT.md is what the captures and the live tests prove today."""
+    from pathlib import Path
+
+    from tests.replay.support import render
+
+    path = Path(__file__).resolve().parents[2] / "SUPPORT.md"
+    assert path.read_text() == render(), "run: python -m tests.replay.support > SUPPORT.md"
