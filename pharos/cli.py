@@ -110,8 +110,9 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
     else:
         from twisted.web.client import HTTPConnectionPool
 
-        pool = HTTPConnectionPool(reactor, persistent=True)
-        pool.cachedConnectionTimeout = 2
+        # One connection per request: doctor is not the hot path, and a POST on a pooled
+        # connection the engine already closed fails without a retry (twisted#7843).
+        pool = HTTPConnectionPool(reactor, persistent=False)
         client = make_client(reactor, pool)
         try:
             for backend in _doctor_backends(args):
@@ -120,9 +121,10 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
                     from pharos.engine.record import record
 
                     report = await examine(backend["url"], http, backend["kind"])
-                    meta = {"engine": report.kind or "unknown", "version": report.version
-                            or "unknown", "url_kind": backend["kind"],
-                            "command": "pharos doctor " + " ".join(sys.argv[2:])}
+                    command = f"pharos doctor --url {backend['url']} --record {args.record}"
+                    meta = {"engine": report.kind or "unknown",
+                            "version": report.version or "unknown",
+                            "command": command + (" --streams" if args.streams else "")}
                     meta.update(dict(kv.split("=", 1) for kv in args.meta))
                     model = next(iter(report.snapshot.models or ()), None)
                     streams = (report.kind or "", model) if args.streams and model else None

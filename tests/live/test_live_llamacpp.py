@@ -79,3 +79,22 @@ def test_repeated_long_prefix_reports_cached_tokens(llamacpp: engines.RunningEng
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert second["timings"]["cache_n"] > 0
     assert second["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]
+
+
+def test_without_metrics_slots_give_running() -> None:
+    """Started without --metrics (/metrics is 501): /slots supplies Running, Waiting is unknown."""
+    model = engines.gguf_slow_model()
+    assert model is not None
+    with engines.start_llama_server(model, parallel=engines.LLAMA_PARALLEL, metrics=False) as eng:
+        streams = start_streams(eng.url, SLOW, 1)
+        try:
+            wait_started(streams, 1)
+            r = doctor(eng.url)
+        finally:
+            stop_all(streams)
+    assert r["signals"]["backend"]["running"] == 1
+    assert r["signals"]["backend"]["waiting"] is None
+    sources = {a["signal"]: a["probe"] for a in r["active"]}
+    assert sources["running"] == "llamacpp-slots-running"
+    dropped = {d["probe"]: d["reason"] for d in r["dropped"]}
+    assert dropped["llamacpp-running"] == "status 501"

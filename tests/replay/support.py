@@ -14,12 +14,14 @@ from pharos.engine.signals import Signal
 from tests.replay.captures import KIND_OF_ENGINE, all_captures, capture_id
 from tests.unit.test_plan import run
 
-#: Signals a live test asserts on the engine version (tests/live/test_live_*.py).
-LIVE_PROVEN: dict[tuple[str, str], frozenset[Signal]] = {
-    ("llamacpp", "b11312"): frozenset({Signal.VERSION, Signal.MODELS, Signal.CAPACITY,
-                                       Signal.RUNNING, Signal.WAITING}),
-    ("vllm", "0.32.0"): frozenset({Signal.VERSION, Signal.MODELS, Signal.RUNNING,
-                                   Signal.WAITING, Signal.KV_USAGE}),
+#: Probes whose value a live test asserts on the engine version (tests/live/test_live_*.py).
+LIVE_PROVEN: dict[tuple[str, str], frozenset[str]] = {
+    ("llamacpp", "b11312"): frozenset({
+        "llamacpp-props-version", "openai-models", "llamacpp-props-capacity",
+        "llamacpp-running", "llamacpp-waiting", "llamacpp-slots-running"}),
+    ("vllm", "0.32.0"): frozenset({
+        "vllm-version", "openai-models", "vllm-running", "vllm-waiting",
+        "vllm-kv-cache-usage-perc"}),
 }
 
 HEADER = """\
@@ -71,8 +73,8 @@ def render() -> str:
             if not probes:
                 cells.append("unknown")
                 continue
-            proof = "**live**" if s in live else "*fixture*"
-            cells.append(", ".join(f"`{p}`" for p in probes) + f" {proof}")
+            cells.append(", ".join(
+                f"`{p}` " + ("**live**" if p in live else "*fixture*") for p in probes))
         how = "/".join(sorted(captured[(engine, version)]))
         lines.append(f"| {engine} | {version} | {how} | " + " | ".join(cells) + " |")
     lines.append("")

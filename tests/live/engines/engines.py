@@ -23,7 +23,10 @@ The models never stop by themselves in practice (the end-of-turn token's logit i
 so a request runs to ``max_tokens``.  The ``*_MAX_TOKENS`` constants below keep requests in
 flight long enough on a 2-core machine to observe running / waiting (deferred) requests.
 
-Run ``python engines.py llamacpp|llamacpp-slow|vllm`` to start one engine by hand (Ctrl-C stops).
+Run ``python engines.py llamacpp|llamacpp-slow|vllm`` to start one engine by hand (Ctrl-C or
+SIGTERM stops it).  Engines still running at interpreter exit are stopped by an atexit hook; a
+process that dies without running it (SIGKILL, or SIGTERM with no handler) leaves them running
+in their own process group (``kill -- -PID``).
 """
 
 from __future__ import annotations
@@ -372,8 +375,11 @@ class RunningEngine:
                                   f"({last}); log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.2)
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        """SIGTERM the process group, SIGKILL it after ``timeout`` s; idempotent."""
+    def stop(self, timeout: float = STOP_TIMEOUT, remove_workdir: bool = False) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``timeout`` s; idempotent.
+
+        The log stays readable at ``log_path`` unless ``remove_workdir``.
+        """
         with self._lock:
             if self.proc.poll() is None:
                 self._signal(signal.SIGTERM)
@@ -401,6 +407,8 @@ class RunningEngine:
             self._created.clear()
             shutil.rmtree(self.workdir / "vllm-cache", ignore_errors=True)
             shutil.rmtree(self.workdir / "hf-home", ignore_errors=True)
+            if remove_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
             _LIVE.discard(self)
             return self.returncode
 
@@ -503,6 +511,10 @@ def _main(argv: Sequence[str]) -> int:
     else:
         print("usage: engines.py llamacpp|llamacpp-slow|vllm", file=sys.stderr)
         return 2
+    def _on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_term)
     print(f"{eng.kind} ready at {eng.url} after {eng.ready_after:.1f} s "
           f"(pid {eng.pid}, log {eng.log_path}); Ctrl-C stops", flush=True)
     try:
