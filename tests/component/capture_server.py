@@ -28,6 +28,13 @@ class CaptureResource(Resource):
         self.bodies: dict[str, bytes] = {}
         self.gets: list[str] = []
 
+    def render_POST(self, request: Request) -> bytes:
+        """A route the capture recorded replies for answers 400 to a body naming no model."""
+        path = request.path.decode()
+        served = any(r.path == path for r in self.capture.replies)
+        request.setResponseCode(400 if served else 404)
+        return b'{"error":"model is required"}' if served else b"404 page not found"
+
     def render_GET(self, request: Request) -> Any:
         path = request.path.decode()
         self.gets.append(path)
