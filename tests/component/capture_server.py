@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
@@ -58,3 +59,22 @@ class CaptureResource(Resource):
 
         self.clock.callLater(delay, later)
         return NOT_DONE_YET
+
+
+def serve(resource: CaptureResource) -> tuple[IListeningPort, str]:
+    """Listen on a free loopback port; the port and its base URL."""
+    from twisted.internet import reactor
+    from twisted.web.server import Site
+
+    tcp: IReactorTCP = reactor
+    port = tcp.listenTCP(0, Site(resource), interface="127.0.0.1")  # type: ignore[arg-type]
+    host = port.getHost()
+    assert isinstance(host, IPv4Address)
+    return port, f"http://127.0.0.1:{host.port}"
+
+
+async def close(port: IListeningPort) -> None:
+    """Stop listening, waiting until the port is closed."""
+    stopped = port.stopListening()
+    if stopped is not None:
+        await stopped

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.web.server import Site
 
-from tests.component.capture_server import CaptureResource
+from tests.component.capture_server import CaptureResource, close, serve
 from tests.replay.captures import all_captures, capture_id
 
 PHAROS = str(Path(sys.executable).parent / "pharos")
@@ -30,9 +29,8 @@ async def test_doctor_config_reports_every_backend(tmp_path: Path) -> None:
     config capacity unused when the engine's log gives one, an alias the engine does not list,
     a cloud stub, the coding-agent routes; an unreachable backend is an error in its entry."""
     resource = CaptureResource(OLLAMA, reactor)
-    port = reactor.listenTCP(0, Site(resource), interface="127.0.0.1")  # type: ignore[attr-defined]
+    port, url = serve(resource)
     try:
-        url = f"http://127.0.0.1:{port.getHost().port}"
         log = tmp_path / "ollama.log"
         assert OLLAMA.log_lines is not None
         log.write_text("\n".join(OLLAMA.log_lines) + "\n")
@@ -55,7 +53,7 @@ backends:
 """)
         code, out, err = await doctor("-c", str(cfg), "--json")
     finally:
-        await port.stopListening()
+        await close(port)
     assert code == 1, err  # the second backend answers nothing
     first, second = json.loads(out)["backends"]
     assert first["kind"] == "ollama"

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.internet.interfaces import IReactorTCP
 from twisted.web.client import HTTPConnectionPool
-from twisted.web.server import Site
 
 from pharos.engine.capture import Capture
 from pharos.engine.fetch import MAX_BODY_BYTES, FetchError, HTTPFetcher, make_client
@@ -19,7 +17,7 @@ from pharos.engine.library import VLLM
 from pharos.engine.plan import resolve
 from pharos.engine.record import record
 from pharos.engine.signals import Signal
-from tests.component.capture_server import CaptureResource
+from tests.component.capture_server import CaptureResource, close, serve
 from tests.replay.captures import all_captures, capture_id
 
 SGLANG_BUSY = next(c for c in all_captures() if capture_id(c) == "sglang/0.5.23/busy")
@@ -30,19 +28,15 @@ class Served:
 
     def __init__(self, capture: Capture, timeout: float = 2.0) -> None:
         self.resource = CaptureResource(capture, reactor)
-        tcp: IReactorTCP = reactor
-        self.port = tcp.listenTCP(0, Site(self.resource), interface="127.0.0.1")  # type: ignore[arg-type]
+        self.port, url = serve(self.resource)
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.cachedConnectionTimeout = 1
-        url = f"http://127.0.0.1:{self.port.getHost().port}"  # type: ignore[attr-defined]
         self.fetcher = HTTPFetcher(url, make_client(reactor, self.pool), reactor,
                                    timeout=timeout)
 
     async def close(self) -> None:
         await self.pool.closeCachedConnections()
-        stopped = self.port.stopListening()
-        if stopped is not None:
-            await stopped
+        await close(self.port)
 
 
 @pytest_twisted.async_yield_fixture()
