@@ -39,6 +39,21 @@ def test_detects_vllm_and_reads_idle_signals(vllm: engines.RunningEngine) -> Non
     assert tiny["capacity"] is None  # vLLM reports no capacity: unknown, never a guess
 
 
+def test_running_equals_concurrent_requests(vllm: engines.RunningEngine) -> None:
+    """Three streams that all have their first token read as Running == 3, Waiting == 0."""
+    wait_idle(vllm)
+    streams = start_streams(vllm.url, SLOW, 3)
+    try:
+        wait_started(streams, 3)
+        tiny = doctor(vllm.url)["signals"]["models"]["tiny"]
+        done_early = sum(s.finished.is_set() for s in streams)
+    finally:
+        stop_all(streams)
+    assert done_early == 0, "a request finished during the read: rerun"
+    assert tiny["running"] == 3
+    assert tiny["waiting"] == 0
+
+
 def test_running_and_waiting_under_overload(vllm: engines.RunningEngine) -> None:
     """More streams than --max-num-seqs: Running == max-num-seqs, Waiting == the rest."""
     wait_idle(vllm)
