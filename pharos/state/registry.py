@@ -1,0 +1,148 @@
+"""Backends and targets, and the view of a target's signals as of now (spec §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from pharos.config import Backend as BackendSpec
+from pharos.engine.plan import Plan
+from pharos.engine.signals import WHOLE_BACKEND, Load, Residency, Snapshot
+from pharos.state.stats import TargetStats
+
+#: A signal older than this many of its intervals is unknown.
+STALE_AFTER_INTERVALS = 3
+
+
+@dataclass(eq=False)
+class BackendState:
+    """One engine endpoint: its spec, its plan, and the snapshots of its last rounds."""
+
+    spec: BackendSpec
+    plan: Plan | None = None
+    full: Snapshot | None = None
+    full_at: float | None = None
+    load: Snapshot | None = None
+    load_at: float | None = None
+    ejected: bool = False
+    failing: str | None = None  # why the last round failed; None when it answered
+    removed: bool = False
+    rounds: int = 0
+
+    @property
+    def url(self) -> str:
+        """The base URL clients' requests go to."""
+        return self.spec.url
+
+    @property
+    def kind(self) -> str | None:
+        """The engine kind, once resolved."""
+        return self.plan.kind if self.plan else None
+
+    @property
+    def version(self) -> str | None:
+        """The engine version, when it reports one."""
+        return self.full.version if self.full else None
+
+
+@dataclass(eq=False)
+class Target:
+    """A backend × model: the unit Pharos routes to. ``model`` is the name clients use,
+    ``served`` the engine's own name (aliases rewrite one into the other)."""
+
+    id: int
+    backend: BackendState
+    model: str
+    served: str
+    gen: int = 0
+    stats: TargetStats = field(default_factory=TargetStats)
+    inflight: int = 0
+    loaded_reply_at: float | None = None  # a successful reply newer than the last full round
+    last_release_at: float | None = None  # when a reply on it last ended
+
+    @property
+    def key(self) -> str:
+        """The name peers use: backend URL + model."""
+        return f"{self.backend.url}#{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A target's signals as of now; stale or unknown signals are None."""
+
+    up: bool
+    residency: Residency
+    running: int | None
+    waiting: int | None
+    capacity: int | None
+    kv_usage: float | None
+    size_bytes: int | None
+    vram_bytes: int | None
+    load_fresh: bool  # the load signals are newer than the last reply that ended on it
+
+
+def rename(snap: Snapshot, aliases: Mapping[str, str]) -> Snapshot:
+    """The snapshot with the engine's model names replaced by the names clients use."""
+    if not aliases:
+        return snap
+
+    def n(m: str) -> str:
+        return aliases.get(m, m)
+
+    def keys(d: Mapping[str, object] | None) -> dict[str, object] | None:
+        return None if d is None else {n(k): v for k, v in d.items()}
+
+    return Snapshot(
+        version=snap.version,
+        models=None if snap.models is None else tuple(n(m) for m in snap.models),
+        residency=keys(snap.residency),  # type: ignore[arg-type]
+        vram_bytes=keys(snap.vram_bytes),  # type: ignore[arg-type]
+        size_bytes=keys(snap.size_bytes),  # type: ignore[arg-type]
+        load={m if m == WHOLE_BACKEND else n(m): v for m, v in snap.load.items()},
+        sources=snap.sources,
+    )
+
+
+def view_of(
+    target: Target,
+    now: float,
+    load_interval: float,
+    full_interval: float,
+    is_up: Callable[[BackendState, float], bool],
+) -> View:
+    """Derive a target's view from its backend's last rounds (stale signals are unknown)."""
+    b = target.backend
+    full_fresh = b.full is not None and b.full_at is not None and (
+        now - b.full_at <= STALE_AFTER_INTERVALS * full_interval)
+    load_fresh = b.load is not None and b.load_at is not None and (
+        now - b.load_at <= STALE_AFTER_INTERVALS * load_interval)
+    residency = Residency.UNKNOWN
+    size = vram = None
+    capacity = None
+    if full_fresh and b.full is not None:
+        info = b.full.model_info(target.model)
+        residency, size, vram = info.state, info.size_bytes, info.vram_bytes
+        capacity = b.full.load_for(target.model).capacity
+    if target.loaded_reply_at is not None and (b.full_at is None or
+                                               target.loaded_reply_at > b.full_at):
+        residency = Residency.LOADED  # a reply proved it loaded; the next full round decides
+    load = Load()
+    fast_at = None
+    if load_fresh and b.load is not None:
+        load, fast_at = b.load.load_for(target.model), b.load_at
+    elif full_fresh and b.full is not None and b.full_at is not None and (
+            now - b.full_at <= STALE_AFTER_INTERVALS * load_interval):
+        load, fast_at = b.full.load_for(target.model), b.full_at
+    fresh = fast_at is not None and (target.last_release_at is None or
+                                     fast_at > target.last_release_at)
+    return View(
+        up=is_up(b, now),
+        residency=residency,
+        running=load.running,
+        waiting=load.waiting,
+        capacity=capacity if capacity is not None else load.capacity,
+        kv_usage=load.kv_usage,
+        size_bytes=size,
+        vram_bytes=vram,
+        load_fresh=fresh,
+    )

@@ -1,0 +1,325 @@
+"""The state service: one scraper per backend, targets registered on first sight (spec §5)."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from treq.client import HTTPClient
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from pharos.config import Backend as BackendSpec
+from pharos.engine.fetch import Fetcher, HTTPFetcher
+from pharos.engine.own import own_probes
+from pharos.engine.plan import FETCH_ERROR, BackendUnreachable, DetectionFailed, resolve
+from pharos.engine.signals import FAST_SIGNALS, Residency, Snapshot
+from pharos.state.registry import (
+    STALE_AFTER_INTERVALS,
+    BackendState,
+    Target,
+    View,
+    rename,
+    view_of,
+)
+from pharos.state.stats import Sample, learn
+
+log = Logger()
+
+#: Load probes every second, the whole plan every fifth round (spec §5).
+LOAD_INTERVAL = 1.0
+FULL_EVERY = 5
+#: The plan is resolved again this often even when nothing changed.
+RESOLVE_EVERY = 600.0
+#: Removed backends whose state is kept for their return (docker restart).
+KEEP_REMOVED = 32
+#: Round spacing varies by up to this fraction, so backends do not scrape in step.
+JITTER = 0.1
+
+
+class State:
+    """Backends, targets and their views; the scrapers live in ``self.service``."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        client: HTTPClient | None,
+        *,
+        rng: Callable[[], float] = random.random,
+        load_interval: float = LOAD_INTERVAL,
+        full_every: int = FULL_EVERY,
+        fetch_timeout: float = 0.8,
+        on_round: Callable[[BackendState], None] | None = None,
+        fetcher_for: Callable[[BackendSpec], Fetcher] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.client = client
+        self.rng = rng
+        self.load_interval = load_interval
+        self.full_every = full_every
+        self.full_interval = load_interval * full_every
+        self.fetch_timeout = fetch_timeout
+        self.on_round = on_round
+        if fetcher_for is None:
+            assert client is not None, "a client or a fetcher factory"
+            http = client
+
+            def fetcher_for(spec: BackendSpec) -> Fetcher:
+                return HTTPFetcher(spec.url, http, clock, timeout=fetch_timeout)
+
+        self.fetcher_for = fetcher_for
+        self.service = MultiService()
+        self.backends: dict[str, BackendState] = {}
+        self.targets: list[Target] = []
+        self._by_key: dict[tuple[str, str], Target] = {}
+        self._scrapers: dict[str, Scraper] = {}
+        self._removed: OrderedDict[str, BackendState] = OrderedDict()
+        self._waiting_ready: list[Deferred[None]] = []
+        self._first_set: set[str] | None = None
+        self.ready = False
+
+    # --- backends ------------------------------------------------------------------------
+
+    def set_backends(self, specs: Sequence[BackendSpec]) -> None:
+        """Make the backend set ``specs``: unchanged backends keep their state, new ones start
+        scraping, removed ones stop (and are kept for a while in case they come back)."""
+        wanted = {s.url: s for s in specs}
+        for url in list(self.backends):
+            if url not in wanted or wanted[url] != self.backends[url].spec:
+                self._remove(url)
+        for url, spec in wanted.items():
+            if url in self.backends:
+                continue
+            old = self._removed.pop(url, None)
+            b = old if old is not None and old.spec == spec else BackendState(spec)
+            b.removed = False
+            self.backends[url] = b
+            scraper = Scraper(self, b)
+            self._scrapers[url] = scraper
+            scraper.setServiceParent(self.service)
+        if self._first_set is None:
+            self._first_set = set(wanted)
+            self._check_ready()
+
+    def _remove(self, url: str) -> None:
+        b = self.backends.pop(url)
+        b.removed = True
+        scraper = self._scrapers.pop(url)
+        scraper.disownServiceParent()
+        self._removed[url] = b
+        while len(self._removed) > KEEP_REMOVED:
+            self._removed.popitem(last=False)
+
+    def eject(self, backend: BackendState) -> None:
+        """A refused connection or a reply that died: out until its next answered round."""
+        if not backend.ejected:
+            log.warn("backend {url} ejected", url=backend.url)
+        backend.ejected = True
+
+    def is_up(self, b: BackendState, now: float | None = None) -> bool:
+        """Up while its last full round is fresh and it is not ejected or removed."""
+        now = self.clock.seconds() if now is None else now
+        return (not b.ejected and not b.removed and b.full_at is not None
+                and now - b.full_at <= STALE_AFTER_INTERVALS * self.full_interval)
+
+    # --- readiness -----------------------------------------------------------------------
+
+    def when_ready(self) -> Deferred[None]:
+        """Fires once the first backend set has each finished a round."""
+        if self.ready:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiting_ready.append(d)
+        return d
+
+    def _check_ready(self) -> None:
+        if self.ready or self._first_set is None:
+            return
+        if all(self.backends[u].rounds > 0 for u in self._first_set if u in self.backends):
+            self.ready = True
+            waiting, self._waiting_ready = self._waiting_ready, []
+            for d in waiting:
+                d.callback(None)
+
+    # --- targets -------------------------------------------------------------------------
+
+    def target(self, backend: BackendState, model: str, served: str) -> Target:
+        """The target for backend × model, registered on first sight and never removed."""
+        t = self._by_key.get((backend.url, model))
+        if t is None:
+            t = Target(len(self.targets), backend, model, served)
+            self.targets.append(t)
+            self._by_key[(backend.url, model)] = t
+        t.backend = backend
+        return t
+
+    def targets_for(self, model: str) -> list[Target]:
+        """Targets of up backends that list ``model`` in their last full round."""
+        now = self.clock.seconds()
+        out = []
+        for b in self.backends.values():
+            if b.full is None or b.full.models is None or model not in b.full.models:
+                continue
+            if self.is_up(b, now):
+                t = self._by_key.get((b.url, model))
+                if t is not None:
+                    out.append(t)
+        return out
+
+    def listed_anywhere(self, model: str) -> bool:
+        """Whether any backend, up or not, has ever listed ``model``."""
+        return any(t.model == model for t in self.targets)
+
+    def models(self) -> dict[str, list[Target]]:
+        """Every model an up backend lists, with its targets."""
+        out: dict[str, list[Target]] = {}
+        now = self.clock.seconds()
+        for b in self.backends.values():
+            if b.full is None or b.full.models is None or not self.is_up(b, now):
+                continue
+            for m in b.full.models:
+                t = self._by_key.get((b.url, m))
+                if t is not None:
+                    out.setdefault(m, []).append(t)
+        return out
+
+    def view(self, target: Target) -> View:
+        """The target's signals as of now (stale ones unknown)."""
+        return view_of(target, self.clock.seconds(), self.load_interval, self.full_interval,
+                       self.is_up)
+
+    # --- feedback ------------------------------------------------------------------------
+
+    def feedback(self, target: Target, sample: Sample) -> None:
+        """A finished request: learn speeds; a successful reply shows the model loaded."""
+        now = self.clock.seconds()
+        target.last_release_at = now
+        learn(target.stats, sample)
+        if sample.ok and not sample.control:
+            target.loaded_reply_at = now
+
+    # --- publishing rounds ---------------------------------------------------------------
+
+    def publish(self, b: BackendState, snap: Snapshot, full: bool) -> None:
+        """Store one round's snapshot, register new targets, bump generations."""
+        now = self.clock.seconds()
+        snap = rename(snap, b.spec.aliases)
+        if full:
+            self._bump_generations(b, b.full, snap)
+            b.full, b.full_at = snap, now
+            aliases_back = {v: k for k, v in b.spec.aliases.items()}
+            for m in snap.models or ():
+                self.target(b, m, aliases_back.get(m, m))
+        b.load, b.load_at = snap, now
+
+    def _bump_generations(self, b: BackendState, old: Snapshot | None, new: Snapshot) -> None:
+        if old is None:
+            return
+        mine = [t for t in self.targets if t.backend is b]
+        new_version = old.version is not None and new.version is not None and (
+            old.version != new.version)
+        for t in mine:
+            before, after = old.model_info(t.model).state, new.model_info(t.model).state
+            went_cold = before in (Residency.LOADED, Residency.LOADING) and (
+                after is Residency.COLD)
+            unlisted = (old.models is not None and t.model in old.models
+                        and new.models is not None and t.model not in new.models)
+            if new_version or went_cold or unlisted:
+                t.gen += 1
+
+
+class Scraper(Service):
+    """One backend's rounds: resolve, then load rounds every interval and a full round every
+    ``full_every``; a random start offset spreads backends; a failure is recorded and the
+    loop carries on (a raising callable would stop a TimerService for good)."""
+
+    def __init__(self, state: State, backend: BackendState) -> None:
+        self.state = state
+        self.backend = backend
+        self.fetcher = state.fetcher_for(backend.spec)
+        self.own = own_probes(backend.spec.probes)
+        self._call: IDelayedCall | None = None
+        self._round_d: Deferred[None] | None = None
+        self._resolve_due = True
+        self._resolved_at = 0.0
+
+    def startService(self) -> None:
+        super().startService()
+        self._schedule(self.state.rng() * self.state.load_interval)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        d = self._round_d
+        if d is not None:
+            d.cancel()
+        return None
+
+    def _schedule(self, delay: float) -> None:
+        if self.running:
+            self._call = self.state.clock.callLater(delay, self._tick)
+
+    def _tick(self) -> None:
+        self._call = None
+        d = Deferred.fromCoroutine(self.round())
+        self._round_d = d
+
+        def failed(f: Failure) -> None:
+            if not f.check(CancelledError):
+                log.failure("scrape round of {url} failed", f, url=self.backend.url)
+
+        def done(_: object) -> None:
+            self._round_d = None
+            interval = self.state.load_interval
+            self._schedule(interval * (1 + JITTER * (2 * self.state.rng() - 1)))
+
+        d.addErrback(failed)
+        d.addBoth(done)
+
+    async def round(self) -> None:
+        """One round; never raises for an engine's fault."""
+        b, state = self.backend, self.state
+        now = state.clock.seconds()
+        try:
+            if b.plan is None or self._resolve_due or now - self._resolved_at > RESOLVE_EVERY:
+                plan, snap = await resolve(self.fetcher, b.spec.kind, self.own)
+                self._resolve_due = False
+                self._resolved_at = now
+                if b.plan is None or [p.name for p in b.plan.active] != [
+                        p.name for p in plan.active]:
+                    log.info("backend {url}: {kind} {version}, probes {active}", url=b.url,
+                             kind=plan.kind, version=plan.version or "unknown",
+                             active=[p.name for p in plan.active])
+                b.plan = plan
+                state.publish(b, snap, full=True)
+            else:
+                full = b.rounds % state.full_every == 0
+                snap, failures = await b.plan.scrape(self.fetcher, full=full)
+                if failures:
+                    self._resolve_due = True
+                asked = [p for p in b.plan.http_probes if full or p.signal in FAST_SIGNALS]
+                if asked and len(failures) == len(asked) and all(
+                        f.reason.startswith(FETCH_ERROR) for f in failures):
+                    raise BackendUnreachable(failures[0].reason)
+                if full and b.full is not None and snap.version != b.full.version:
+                    self._resolve_due = True
+                state.publish(b, snap, full=full)
+            if b.failing is not None:
+                log.info("backend {url} answers again", url=b.url)
+            b.failing = None
+            b.ejected = False
+        except (BackendUnreachable, DetectionFailed) as e:
+            if b.failing is None:
+                log.warn("backend {url} unreachable: {why}", url=b.url, why=str(e))
+            b.failing = str(e)
+        finally:
+            b.rounds += 1
+            state._check_ready()
+            if state.on_round is not None:
+                state.on_round(b)

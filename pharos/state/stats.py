@@ -1,0 +1,79 @@
+"""Speed estimates learned from request feedback (spec §5 Stats): EWMAs that are unknown
+until their first sample, never 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Weight of a new sample: about the last ten requests count.
+ALPHA = 0.2
+#: A prefill sample needs this many uncached tokens: a nearly fully cached prompt measures
+#: fixed overhead (llama.cpp reports 20-100 ms for 1 uncached token).
+MIN_UNCACHED_FOR_PREFILL = 256
+#: An engine-reported load under this loaded nothing: residency was a scrape behind.
+MIN_REAL_LOAD_SEC = 0.010
+
+
+@dataclass(slots=True)
+class Ewma:
+    """An exponentially weighted moving average; ``value`` is None until the first sample."""
+
+    alpha: float = ALPHA
+    value: float | None = None
+    samples: int = 0
+
+    def add(self, x: float) -> None:
+        """Fold one sample in."""
+        self.samples += 1
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
+@dataclass(slots=True)
+class TargetStats:
+    """Per target: prefill seconds per uncached token, load seconds, request seconds."""
+
+    prefill_sec_per_token: Ewma = field(default_factory=Ewma)
+    load_sec: Ewma = field(default_factory=Ewma)
+    service_sec: Ewma = field(default_factory=Ewma)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What one finished request teaches (the proxy fills it from the tap and its timers)."""
+
+    ok: bool
+    dispatched_cold: bool
+    ttft_sec: float | None
+    duration_sec: float | None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_eval_sec: float | None = None  # the engine's own prefill time, when it reports it
+    load_sec: float | None = None  # the engine's own load time (Ollama load_duration)
+    control: bool = False  # an Ollama load/unload request: teaches nothing
+
+
+def learn(stats: TargetStats, s: Sample) -> bool:
+    """Update the EWMAs from one request by the §5 sampling rules.
+
+    Returns whether the dispatch really paid a load (a cold dispatch whose engine-reported
+    load took under 10 ms loaded nothing and counts as warm).
+    """
+    if not s.ok or s.control:
+        return False
+    cold = s.dispatched_cold
+    if cold and s.load_sec is not None and s.load_sec < MIN_REAL_LOAD_SEC:
+        cold = False
+    if cold:
+        load = s.load_sec if s.load_sec is not None else s.ttft_sec
+        if load is not None:
+            stats.load_sec.add(load)
+    elif s.duration_sec is not None:
+        stats.service_sec.add(s.duration_sec)
+    if s.prompt_tokens is not None and s.cached_tokens is not None:
+        uncached = s.prompt_tokens - s.cached_tokens
+        if uncached >= MIN_UNCACHED_FOR_PREFILL:
+            if s.prompt_eval_sec is not None:
+                stats.prefill_sec_per_token.add(s.prompt_eval_sec / uncached)
+            elif not cold and s.ttft_sec is not None:
+                stats.prefill_sec_per_token.add(s.ttft_sec / uncached)
+    return cold
