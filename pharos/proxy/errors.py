@@ -1,0 +1,63 @@
+"""Errors shaped for the client that sent the request (spec §9, DESIGN §5): OpenAI routes get
+``{"error": {"message", "type", "code"}}``, Ollama routes ``{"error": "..."}``."""
+
+from __future__ import annotations
+
+import json
+
+
+class ApiError(Exception):
+    """A request Pharos answers itself, with this status and an error body in the client's
+    API shape. ``type`` and ``code`` follow OpenAI's where one fits, since SDKs read them."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+
+    def body(self, ollama: bool) -> bytes:
+        """The error body in the API shape of the route."""
+        if ollama:
+            return json.dumps({"error": self.message}).encode()
+        return json.dumps({"error": {"message": self.message, "type": self.type,
+                                     "param": None, "code": self.code}}).encode()
+
+
+def is_ollama_path(path: bytes) -> bool:
+    """Ollama's native routes (and the root banner) answer in Ollama's error shape."""
+    return path.startswith(b"/api/") or path == b"/api"
+
+
+def bad_json(why: str) -> ApiError:
+    return ApiError(400, f"request body is not valid JSON: {why}", code="invalid_json")
+
+
+def missing_model() -> ApiError:
+    return ApiError(400, "model is required", code="missing_required_parameter")
+
+
+def unknown_model(model: str) -> ApiError:
+    return ApiError(404, f"The model `{model}` does not exist or no backend lists it",
+                    code="model_not_found")
+
+
+def unavailable(model: str) -> ApiError:
+    return ApiError(503, f"no backend serving `{model}` is up", type="server_error",
+                    code="model_unavailable")
+
+
+def queue_full() -> ApiError:
+    return ApiError(429, "too many requests are waiting; retry later",
+                    type="rate_limit_error", code="queue_full")
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes",
+                    code="request_too_large")
+
+
+def upstream(message: str, status: int = 502) -> ApiError:
+    return ApiError(status, message, type="server_error", code="upstream_error")

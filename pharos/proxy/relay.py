@@ -1,0 +1,161 @@
+"""The engine leg: send a request with treq and relay its reply through the tap with
+backpressure both ways (DESIGN §4 steps 5-7, TWISTED.md B.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from twisted.web.server import Request
+from zope.interface import implementer
+
+#: Headers that belong to one hop and are never relayed (RFC 9110 §7.6.1).
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length",
+    b"content-encoding",
+})
+#: A reply that sends nothing for this long is cut (Agent's timeouts end at the headers).
+IDLE_TIMEOUT = 300.0
+
+
+class EngineDied(Exception):
+    """The engine's reply ended before it was complete."""
+
+
+class Tap:
+    """What the relay needs from the stream tap (pharos.proxy.tap.StreamTap)."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to pass on now."""
+        return chunk
+
+    def finish(self) -> bytes:
+        """Bytes held back, at the end of the stream."""
+        return b""
+
+
+def send(client: HTTPClient, url: str, body: bytes, content_type: bytes = b"application/json",
+         method: str = "POST") -> Deferred[Any]:
+    """One request to an engine: unbuffered, no redirects, no client credentials."""
+    headers = Headers({b"content-type": [content_type]})
+    return client.request(method, url, data=body if method != "GET" else None, headers=headers,
+                          unbuffered=True, allow_redirects=False)
+
+
+def response_headers(response: IResponse) -> list[tuple[bytes, list[bytes]]]:
+    """The engine's headers minus hop-by-hop ones and those its Connection header names."""
+    named: set[bytes] = set()
+    for v in response.headers.getRawHeaders(b"connection", []):
+        named.update(x.strip().lower() for x in v.split(b","))
+    return [(k, vs) for k, vs in response.headers.getAllRawHeaders()
+            if k.lower() not in HOP_BY_HOP and k.lower() not in named]
+
+
+@implementer(IPushProducer)
+class Relay(Protocol):
+    """Writes each upstream chunk (through the tap) to the client as it arrives.
+
+    It is the upstream body's protocol and the client request's streaming producer: a client
+    whose socket is full pauses the engine read, so a slow reader costs only socket buffers.
+    ``done`` fires when the reply ended cleanly and errbacks with ``EngineDied`` otherwise;
+    cancelling it (the client left) stops reading from the engine, which closes its
+    connection, so the engine stops generating.
+    """
+
+    def __init__(self, request: Request, tap: Tap, clock: IReactorTime,
+                 on_first_byte: Callable[[], None], idle_timeout: float = IDLE_TIMEOUT) -> None:
+        self.request = request
+        self.tap = tap
+        self.clock = clock
+        self.on_first_byte = on_first_byte
+        self.idle_timeout = idle_timeout
+        self.done: Deferred[None] = Deferred(lambda _: self.stopProducing())
+        self.bytes_in = 0
+        self._gone = False
+        self._idle: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        self.request.registerProducer(self, True)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._idle is not None and self._idle.active():
+            self._idle.reset(self.idle_timeout)
+        else:
+            self._idle = self.clock.callLater(self.idle_timeout, self._stalled)
+
+    def _stalled(self) -> None:
+        self._idle = None
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.bytes_in:
+            self.on_first_byte()
+        self.bytes_in += len(data)
+        self._arm()
+        out = self.tap.feed(data)
+        if out and not self._gone:
+            self.request.write(out)
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
+        clean = reason.check(ResponseDone, PotentialDataLoss) is not None
+        if clean:
+            rest = self.tap.finish()
+            if rest and not self._gone:
+                self.request.write(rest)
+        if getattr(self.request, "channel", None) is not None:
+            self.request.unregisterProducer()
+        if self.done.called:
+            return
+        if clean:
+            self.done.callback(None)
+        else:
+            self.done.errback(EngineDied(reason.getErrorMessage()))
+
+    def pauseProducing(self) -> None:
+        if self.transport is not None:
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def resumeProducing(self) -> None:
+        if self.transport is not None:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def stopProducing(self) -> None:
+        """The client is gone (or the relay was cancelled): stop reading from the engine."""
+        self._gone = True
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
+
+def collect(response: IResponse, limit: int = 65536) -> Deferred[bytes]:
+    """The start of a (short) reply body, e.g. an engine's error, bounded."""
+    parts: list[bytes] = []
+    done: Deferred[bytes] = Deferred()
+
+    class _Collect(Protocol):
+        size = 0
+
+        def dataReceived(self, data: bytes) -> None:
+            if self.size < limit:
+                parts.append(data[: limit - self.size])
+            self.size += len(data)
+
+        def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
+            done.callback(b"".join(parts))
+
+    response.deliverBody(_Collect())
+    return done

@@ -1,0 +1,190 @@
+"""Layer 1: the scheduler over a real State on a Clock with in-memory backends: placement,
+occupancy, capacity fallbacks, the fair queue, bounds and cancellation."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from pharos.config import Backend as BackendSpec
+from pharos.engine.fetch import Fetcher
+from pharos.policy import PolicyConfig
+from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.state.state import State
+from tests.unit.test_plan import FakeBackend
+
+GB = 1_000_000_000
+
+
+def ollama(loaded: list[str], sizes: dict[str, int] | None = None) -> FakeBackend:
+    sizes = sizes or {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB}
+    tags = ",".join(f'{{"name":"{m}","size":{s}}}' for m, s in sizes.items())
+    ps = ",".join(f'{{"name":"{m}","size_vram":{sizes[m]}}}' for m in loaded)
+    models = ",".join(f'{{"id":"{m}"}}' for m in sizes)
+    return FakeBackend({
+        "/api/version": (200, b'{"version":"0.32.15"}'),
+        "/v1/models": (200, b'{"data":[%s]}' % models.encode()),
+        "/api/ps": (200, b'{"models":[%s]}' % ps.encode()),
+        "/api/tags": (200, b'{"models":[%s]}' % tags.encode()),
+    })
+
+
+def llamacpp(slots: int = 1, running: int = 0, waiting: int = 0) -> FakeBackend:
+    return FakeBackend({
+        "/props": (200, b'{"total_slots":%d,"build_info":"b11312-0c1e570"}' % slots),
+        "/v1/models": (200, b'{"data":[{"id":"m"}]}'),
+        "/metrics": (200, b"llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n"
+                     % (running, waiting)),
+    })
+
+
+def fleet(backends: dict[str, tuple[FakeBackend, BackendSpec]],
+          policy: str = "cost") -> tuple[Scheduler, State, Clock]:
+    clock = Clock()
+
+    def fetcher_for(spec: BackendSpec) -> Fetcher:
+        return backends[spec.url][0]
+
+    state = State(clock, None, rng=lambda: 0.5, fetcher_for=fetcher_for)
+    seeds = iter(range(1, 10_000))
+    sched = Scheduler(state, PolicyConfig(name=policy), seed=lambda: next(seeds))  # type: ignore[arg-type]
+    state.on_round = lambda b: sched.kick()
+    state.set_backends([spec for _, spec in backends.values()])
+    state.service.startService()
+    clock.advance(0.6)
+    return sched, state, clock
+
+
+def req(model: str = "m", seed: int = 1, exclude: frozenset[int] = frozenset()) -> SchedRequest:
+    return SchedRequest(model, 100, seed, exclude)
+
+
+def granted(d: Deferred[Lease]) -> Lease:
+    out: list[Lease] = []
+    d.addCallback(out.append)
+    assert out, "not granted"
+    return out[0]
+
+
+def test_prefers_the_warm_target() -> None:
+    """A loaded model wins over the same model cold on another host."""
+    sched, state, _ = fleet({
+        "http://a:1": (ollama(["a"]), BackendSpec(url="http://a:1", kind="ollama",
+                                                  memory_gb=10)),
+        "http://b:1": (ollama([]), BackendSpec(url="http://b:1", kind="ollama",
+                                               memory_gb=10)),
+    })
+    lease = granted(sched.acquire("k", 1, req("a")))
+    assert lease.target.backend.url == "http://a:1"
+    assert lease.decision.why in ("warm", "only_choice", "least_loaded")
+    assert not lease.cold
+
+
+def test_cold_model_goes_where_it_fits() -> None:
+    """A cold model loads on the host with room beside its busy models, never on one where it
+    would evict a model with requests in flight."""
+    sizes = {"a": 6 * GB, "b": 6 * GB}
+    sched, state, _ = fleet({
+        "http://a:1": (ollama(["a"], sizes), BackendSpec(url="http://a:1", kind="ollama",
+                                                          memory_gb=10, capacity=4)),
+        "http://b:1": (ollama(["a"], sizes), BackendSpec(url="http://b:1", kind="ollama",
+                                                          memory_gb=20, capacity=4)),
+    })
+    busy = [granted(sched.acquire("k", 1, req("a", seed=s))) for s in range(2)]
+    assert {lease.target.backend.url for lease in busy} == {"http://a:1", "http://b:1"}
+    lease = granted(sched.acquire("k", 1, req("b")))
+    assert lease.target.backend.url == "http://b:1"
+    assert lease.cold
+
+
+def test_queues_when_busy_and_a_freed_slot_serves_the_next() -> None:
+    """With every slot taken the request waits; releasing a lease serves it at once."""
+    sched, state, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
+    first = granted(sched.acquire("k", 1, req()))
+    second = sched.acquire("k", 1, req())
+    assert not second.called and sched.waiting == 1
+    first.release()
+    lease = granted(second)
+    assert lease.waited
+    assert sched.waiting == 0
+
+
+def test_fair_queue_serves_keys_by_weight() -> None:
+    """Deficit round-robin: a weight-2 key gets two grants for each one of a weight-1 key,
+    also when slots free one at a time."""
+    sched, state, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
+    holder = granted(sched.acquire("x", 1, req()))
+    order: list[str] = []
+    leases: list[Lease] = []
+    for i in range(6):
+        for key, weight in (("heavy", 2), ("light", 1)):
+            d = sched.acquire(key, weight, req(seed=i))
+            d.addCallback(lambda lease, k=key: (order.append(k), leases.append(lease)))
+    holder.release()
+    while leases:
+        leases.pop().release()
+    assert order[:9] == ["heavy", "heavy", "light"] * 3
+
+
+def test_retry_goes_to_the_front_of_its_key() -> None:
+    """A retried request does not wait behind its own key's later requests."""
+    sched, state, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
+    holder = granted(sched.acquire("k", 1, req()))
+    order: list[str] = []
+    sched.acquire("k", 1, req(seed=2)).addCallback(lambda _: order.append("later"))
+    sched.acquire("k", 1, req(seed=3), front=True).addCallback(lambda _: order.append("retry"))
+    holder.release()
+    assert order[0] == "retry"
+
+
+def test_bounded_queue_and_cancellation() -> None:
+    """Past the queue limit a request fails with QueueFull; a cancelled waiter leaves."""
+    sched, state, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
+    sched.queue_limit = 1
+    granted(sched.acquire("k", 1, req()))
+    waiter = sched.acquire("k", 1, req())
+    over = sched.acquire("k", 1, req())
+    errors: list[object] = []
+    over.addErrback(lambda f: errors.append(f.value))
+    assert isinstance(errors[0], QueueFull)
+    waiter.addErrback(lambda f: None)
+    waiter.cancel()
+    assert sched.waiting == 0
+
+
+def test_unknown_model_and_unavailable() -> None:
+    """A model no backend ever listed is unknown (404); one only a down backend lists is
+    unavailable (503)."""
+    backend = llamacpp()
+    sched, state, clock = fleet({"http://l:1": (backend, BackendSpec(url="http://l:1"))})
+    errors: list[object] = []
+    sched.acquire("k", 1, req("nope")).addErrback(lambda f: errors.append(f.value))
+    state.eject(state.backends["http://l:1"])
+    sched.acquire("k", 1, req("m")).addErrback(lambda f: errors.append(f.value))
+    assert [type(e) for e in errors] == [UnknownModel, Unavailable]
+
+
+def test_capacity_fallback_saturates_after_two_or_on_engine_waiting() -> None:
+    """Without engine or config capacity a target takes 2 requests, or none more once the
+    engine reports a queue."""
+    fake = FakeBackend({"/v1/models": (200, b'{"data":[{"id":"m"}]}')})
+    sched, state, clock = fleet({"http://o:1": (fake, BackendSpec(url="http://o:1",
+                                                                  kind="openai"))})
+    a = granted(sched.acquire("k", 1, req()))
+    granted(sched.acquire("k", 1, req()))
+    third = sched.acquire("k", 1, req())
+    assert not third.called
+    a.release()
+    assert third.called
+
+
+def test_occupancy_counts_the_engines_fresh_running() -> None:
+    """Requests that bypass Pharos count: the engine's fresh Running fills the slots."""
+    backend = llamacpp(slots=2, running=2)
+    sched, state, clock = fleet({"http://l:1": (backend, BackendSpec(url="http://l:1"))})
+    d = sched.acquire("k", 1, req())
+    assert not d.called
+    backend.answers["/metrics"] = (200, b"llamacpp:requests_processing 1\n"
+                                        b"llamacpp:requests_deferred 0\n")
+    clock.advance(1.0)  # the next round kicks the queue
+    assert d.called
