@@ -48,6 +48,7 @@ class SchedRequest:
     prompt_tokens: int
     seed: int
     exclude: frozenset[int] = frozenset()
+    kind: str | None = None  # only backends of this kind (Ollama's native routes)
 
 
 @dataclass(eq=False)
@@ -192,9 +193,10 @@ class Scheduler:
     # --- placing one request -------------------------------------------------------------
 
     def _targets(self, req: SchedRequest) -> list[Target]:
-        targets = [t for t in self.state.targets_for(req.model) if t.id not in req.exclude]
+        targets = [t for t in self.state.targets_for(req.model) if t.id not in req.exclude
+                   and (req.kind is None or t.backend.kind == req.kind)]
         if not targets:
-            if not self.state.listed_anywhere(req.model):
+            if not self.state.listed_anywhere(req.model, req.kind):
                 raise UnknownModel(req.model)
             raise Unavailable(req.model)
         return targets

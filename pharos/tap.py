@@ -6,24 +6,45 @@ from typing import Any
 
 from twisted.application import strports
 from twisted.application.service import IService, MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
 from twisted.python import usage
+from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.server import Site
 
 from pharos.config import Config, ConfigError, load_config
+from pharos.engine.fetch import make_client
+from pharos.policy import PolicyConfig
+from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.public import PublicAPI
+from pharos.sched import Scheduler
+from pharos.state.state import State
+
+# A factory per engine connection would log its start and stop at info, twice a request.
+_HTTP11ClientFactory.noisy = False
+
+#: Idle engine connections kept per backend: about the streams one engine serves at once.
+POOL_PER_HOST = 32
+#: Below the engines' keep-alive (uvicorn: 5 s): a POST on a connection the engine already
+#: closed fails, and Twisted retries only idempotent requests (twisted#7843).
+POOL_IDLE_SEC = 4
 
 
 class Options(usage.Options):
-    """``twistd pharos -c FILE``: a config that does not parse never starts the service."""
+    """``twistd pharos -c FILE`` (or ``--demo``): a config that does not parse never starts
+    the service."""
 
     optParameters = [["config", "c", None, "the Pharos config file (YAML)"]]
+    optFlags = [["demo", None, "serve in front of three simulated engines on loopback"]]
 
     def postOptions(self) -> None:
         """Load and validate the config now, so twistd refuses to start on a bad file."""
         path = self["config"]
+        if self["demo"]:
+            self["parsed"] = load_config(path) if path else None
+            return
         if not path:
-            raise usage.UsageError("-c/--config FILE is required")
+            raise usage.UsageError("-c/--config FILE is required (or --demo)")
         try:
             self["parsed"] = load_config(path)
         except ConfigError as e:
@@ -39,10 +60,23 @@ class ListenError(Exception):
 class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, reactor: Any) -> None:
         super().__init__()
         self.config = config
-        self.public = PublicAPI()
+        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool.maxPersistentPerHost = POOL_PER_HOST
+        self.pool.cachedConnectionTimeout = POOL_IDLE_SEC
+        self.client = make_client(reactor, self.pool)
+        self.state = State(reactor, self.client)
+        self.sched = Scheduler(self.state, PolicyConfig(name=config.policy))
+        self.state.on_round = lambda _backend: self.sched.kick()
+        self.public = PublicAPI(self.state, self.sched, self.client, reactor)
+        self.state.service.setServiceParent(self)
+
+    def startService(self) -> None:
+        """Start scraping the configured backends."""
+        self.state.set_backends(self.config.backends)
+        super().startService()
 
     def privilegedStartService(self) -> None:
         """Bind the listeners; a busy port fails start-up with a message naming it."""
@@ -53,13 +87,40 @@ class PharosService(MultiService):
             where = f"{e.interface or '*'}:{e.port}"
             raise ListenError(f"cannot listen on {where}: {why}") from None
 
+    def stopService(self) -> Deferred[None]:
+        """Stop the children, then close the engine connections."""
+        d: Deferred[Any] = Deferred.fromCoroutine(self._stop())
+        return d
 
-def makeService(options: Any) -> IService:
-    """Wire the service tree from the parsed config."""
-    config: Config = options["parsed"]
-    top = PharosService(config)
-    site = Site(top.public.app.resource())
+    async def _stop(self) -> None:
+        await super().stopService()
+        await self.pool.closeCachedConnections()
+
+
+class QuietSite(Site):
+    """No access log: one debug line per request belongs to obs, without prompt text."""
+
+    def log(self, request: Any) -> None:
+        """Nothing: twisted.web's access line is not Pharos's request log."""
+
+
+def build(config: Config, reactor: Any) -> PharosService:
+    """The service tree for ``config`` on ``reactor`` (tests build it on their own reactor)."""
+    top = PharosService(config, reactor)
+    site = QuietSite(top.public.app.resource(),
+                     requestFactory=bounded_request_factory(MAX_BODY_BYTES))
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.
     strports.service(config.listen.strports(), site).setServiceParent(top)
-    top.public.ready = True
     return top
+
+
+def makeService(options: Any) -> IService:
+    """Wire the service tree from the parsed config (or the demo fleet)."""
+    from twisted.internet import reactor
+
+    if options["demo"]:
+        from pharos.sim.demo import demo_service
+
+        return demo_service(reactor, options["parsed"])
+    config: Config = options["parsed"]
+    return build(config, reactor)

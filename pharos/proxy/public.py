@@ -1,35 +1,385 @@
-"""The public Klein app. The data plane's routes land here (spec §9)."""
+"""The public Klein app: every route of spec §9's table.
+
+OpenAI routes go to any engine; Ollama's native routes only to Ollama backends (no API
+translation). A request is read once, parsed for what routing needs, given a lease by the
+scheduler, sent with treq and streamed back through the tap with backpressure. Before the
+first byte reaches the client, a refused connection or a 5xx is retried once elsewhere.
+"""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from klein import Klein
-from twisted.web.iweb import IRequest
+from treq.client import HTTPClient
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseNeverReceived
+from twisted.web.iweb import IRequest, IResponse
+from twisted.web.server import Request
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+
+from pharos.engine.library import OLLAMA
+from pharos.engine.signals import Residency
+from pharos.proxy import errors
+from pharos.proxy.errors import ApiError
+from pharos.proxy.parse import Parsed, parse
+from pharos.proxy.relay import EngineDied, Relay, collect, response_headers, send
+from pharos.proxy.tap import StreamTap
+from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.state.registry import Target
+from pharos.state.state import State
+from pharos.state.stats import Sample
+
+log = Logger()
 
 #: Ollama clients probe ``HEAD /`` before every command, without a key.
 OLLAMA_BANNER = b"Ollama is running"
+#: The one key every client is while no keys are configured.
+ANONYMOUS = "anonymous"
+#: Routes whose missing support an engine shows with a 404 (coding agents, spec §9).
+AGENT_ROUTES = frozenset({"/v1/messages", "/v1/responses"})
+EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
+#: Ollama model-management routes Pharos does not serve.
+OLLAMA_UNSERVED = ("pull", "push", "delete", "create", "copy", "blobs")
+JSON = b"application/json"
+
+
+def _json(request: Request, status: int, doc: object) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", JSON)
+    return json.dumps(doc).encode()
+
+
+def _ascii(text: str) -> bytes:
+    return text.encode("ascii", "replace")[:512]
 
 
 class PublicAPI:
-    """The routes clients call; ``ready`` gates ``/healthz``."""
+    """The routes clients call. ``state.ready`` gates ``/healthz``."""
 
     app = Klein()
 
-    def __init__(self) -> None:
-        self.ready = False
+    def __init__(self, state: State, sched: Scheduler, client: HTTPClient,
+                 clock: IReactorTime, seed: Callable[[], int] | None = None) -> None:
+        self.state = state
+        self.sched = sched
+        self.client = client
+        self.clock = clock
+        self.seed = seed or sched.seed
+        self.started = int(time.time())
+        self.on_done: Callable[[dict[str, Any]], None] | None = None
+
+    # --- Pharos itself ---------------------------------------------------------------------
 
     @app.route("/", methods=["GET", "HEAD"])
-    def root(self, request: IRequest) -> bytes:
-        """Answer like Ollama, so the ollama CLI talks to Pharos."""
+    def root(self, request: Request) -> bytes:
+        """Answer like Ollama, so the ollama CLI talks to Pharos; no key needed."""
         request.setHeader(b"content-type", b"text/plain; charset=utf-8")
         return OLLAMA_BANNER
 
     @app.route("/healthz", methods=["GET", "HEAD"])
-    def healthz(self, request: IRequest) -> bytes:
-        """503 until the instance may route, so a load balancer never sends it traffic blind."""
-        request.setHeader(b"content-type", b"application/json")
-        if not self.ready:
-            request.setResponseCode(503)
-            return json.dumps({"status": "starting"}).encode()
-        return json.dumps({"status": "ok"}).encode()
+    def healthz(self, request: Request) -> bytes:
+        """503 until the first scrape round, so a load balancer never sends traffic blind."""
+        if not self.state.ready:
+            return _json(request, 503, {"status": "starting"})
+        return _json(request, 200, {"status": "ok"})
+
+    # --- errors in the client's shape ------------------------------------------------------
+
+    @app.handle_errors(ApiError)
+    def api_error(self, request: IRequest, failure: Failure) -> bytes:
+        """An error Pharos answers itself, in the route's API shape."""
+        e = failure.value
+        assert isinstance(e, ApiError)
+        return self._error(_req(request), e)
+
+    @app.handle_errors(NotFound)
+    def not_found(self, request: IRequest, failure: Failure) -> bytes:
+        """Unknown paths: 404 in the shape of the API the path belongs to."""
+        req = _req(request)
+        path = req.path.decode("latin-1")
+        return self._error(req, ApiError(404, f"no route {path}", code="not_found"))
+
+    @app.handle_errors(MethodNotAllowed)
+    def bad_method(self, request: IRequest, failure: Failure) -> bytes:
+        """A known path with the wrong method: 405."""
+        e = failure.value
+        assert isinstance(e, HTTPException)
+        req = _req(request)
+        allowed = e.get_response({}).headers.get("Allow", "")
+        req.setHeader(b"allow", allowed.encode())
+        method = req.method.decode("latin-1")
+        return self._error(req, ApiError(405, f"method {method} not allowed here",
+                                         code="method_not_allowed"))
+
+    def _error(self, request: Request, e: ApiError) -> bytes:
+        request.setResponseCode(e.status)
+        request.setHeader(b"content-type", JSON)
+        return e.body(ollama=errors.is_ollama_path(request.path))
+
+    # --- model lists -----------------------------------------------------------------------
+
+    @app.route("/v1/models", methods=["GET"])
+    def models(self, request: Request) -> bytes:
+        """Every model an up backend lists."""
+        data = [{"id": m, "object": "model", "created": self.started, "owned_by": "pharos"}
+                for m in sorted(self.state.models())]
+        return _json(request, 200, {"object": "list", "data": data})
+
+    @app.route("/v1/models/<path:model>", methods=["GET"])
+    def model(self, request: Request, model: str) -> bytes:
+        """One model, 404 when no up backend serves it."""
+        if model not in self.state.models():
+            raise errors.unknown_model(model)
+        return _json(request, 200, {"id": model, "object": "model", "created": self.started,
+                                    "owned_by": "pharos"})
+
+    def _ollama_backends(self) -> list[Any]:
+        return [b for b in self.state.backends.values()
+                if b.kind == OLLAMA and self.state.is_up(b)]
+
+    async def _gather(self, path: str) -> list[dict[str, Any]]:
+        """The ``models`` entries of ``path`` on every up Ollama backend, client names, once
+        each."""
+        seen: dict[str, dict[str, Any]] = {}
+        for b in self._ollama_backends():
+            try:
+                response = await send(self.client, b.url + path, b"", method="GET")
+                body = await collect(response, 8 * 1024 * 1024)
+                entries = json.loads(body).get("models") or []
+            except Exception as e:
+                log.warn("{path} of {url} failed: {why}", path=path, url=b.url, why=str(e))
+                continue
+            for entry in entries:
+                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                    continue
+                name = b.spec.aliases.get(entry["name"], entry["name"])
+                if name not in seen:
+                    seen[name] = {**entry, "name": name, "model": name}
+        return list(seen.values())
+
+    @app.route("/api/tags", methods=["GET", "HEAD"])
+    async def tags(self, request: Request) -> bytes:
+        """Models of every up Ollama backend."""
+        return _json(request, 200, {"models": await self._gather("/api/tags")})
+
+    @app.route("/api/ps", methods=["GET", "HEAD"])
+    async def ps(self, request: Request) -> bytes:
+        """Models loaded on any up Ollama backend."""
+        return _json(request, 200, {"models": await self._gather("/api/ps")})
+
+    @app.route("/api/version", methods=["GET", "HEAD"])
+    def version(self, request: Request) -> bytes:
+        """The oldest version among up Ollama backends: clients gate features on it."""
+        versions = [b.version for b in self._ollama_backends() if b.version]
+        if not versions:
+            raise ApiError(503, "no Ollama backend is up")
+
+        def key(v: str) -> tuple[int, ...]:
+            return tuple(int(x) if x.isdigit() else 0 for x in v.split("-")[0].split("."))
+
+        return _json(request, 200, {"version": min(versions, key=key)})
+
+    @app.route("/api/show", methods=["POST"])
+    async def show(self, request: Request) -> None:
+        """Forwarded to an up Ollama backend serving the model; takes no slot."""
+        parsed = self._parse(request, "/api/show")
+        targets = [t for t in self.state.targets_for(parsed.model) if t.backend.kind == OLLAMA]
+        if not targets:
+            raise (errors.unknown_model(parsed.model)
+                   if not self.state.listed_anywhere(parsed.model, OLLAMA)
+                   else errors.unavailable(parsed.model))
+        t = targets[0]
+        response = await send(self.client, t.backend.url + "/api/show",
+                              parsed.forward_body(t.served))
+        self._start_reply(request, response, t, "model information")
+        request.write(await collect(response, 64 * 1024 * 1024))
+
+    @app.route("/api/<string:name>", methods=["GET", "POST", "DELETE", "HEAD", "PUT"])
+    def ollama_unserved(self, request: Request, name: str) -> bytes:
+        """Model management is the engines' business: 501 in Ollama's shape, which the ollama
+        CLI prints."""
+        raise ApiError(501, f"Pharos routes requests and does not manage models: "
+                            f"/api/{name} is not supported")
+
+    @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD"])
+    def ollama_blobs(self, request: Request, rest: str) -> bytes:
+        """Blob uploads belong to model management: 501."""
+        raise ApiError(501, "Pharos does not manage models: /api/blobs is not supported")
+
+    # --- the data plane --------------------------------------------------------------------
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    @app.route("/v1/completions", methods=["POST"])
+    @app.route("/v1/embeddings", methods=["POST"])
+    @app.route("/v1/messages", methods=["POST"])
+    @app.route("/v1/responses", methods=["POST"])
+    async def openai(self, request: Request) -> None:
+        """OpenAI-compatible routes: any engine serving the model."""
+        await self._proxy(request, request.path.decode("latin-1"), kind=None)
+
+    @app.route("/api/chat", methods=["POST"])
+    @app.route("/api/generate", methods=["POST"])
+    @app.route("/api/embed", methods=["POST"])
+    @app.route("/api/embeddings", methods=["POST"])
+    async def ollama(self, request: Request) -> None:
+        """Ollama's native routes: Ollama backends only."""
+        await self._proxy(request, request.path.decode("latin-1"), kind=OLLAMA)
+
+    def _parse(self, request: Request, path: str) -> Parsed:
+        assert request.content is not None
+        return parse(request.content.read(), path)
+
+    async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
+        parsed = self._parse(request, path)
+        req = SchedRequest(parsed.model, parsed.prompt_tokens, self.seed(), kind=kind)
+        tried: set[int] = set()
+        refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
+        connect_failure: str | None = None
+        for attempt in range(2):
+            try:
+                lease = await self.sched.acquire(ANONYMOUS, 1,
+                                                 replace(req, exclude=frozenset(tried)),
+                                                 front=attempt > 0)
+            except UnknownModel:
+                if attempt:
+                    break
+                raise errors.unknown_model(parsed.model) from None
+            except Unavailable:
+                if attempt:
+                    break
+                raise errors.unavailable(parsed.model) from None
+            except QueueFull:
+                raise errors.queue_full() from None
+            target = lease.target
+            tried.add(target.id)
+            sent_at = self.clock.seconds()
+            try:
+                response = await send(self.client, target.backend.url + path,
+                                      parsed.forward_body(target.served))
+            except CancelledError:
+                lease.release()
+                raise
+            except Exception as e:
+                lease.release()
+                if _refused(e):
+                    self.state.eject(target.backend)
+                connect_failure = f"{target.backend.url}: {_describe(e)}"
+                log.warn("{url} failed before replying: {why}", url=target.backend.url,
+                         why=_describe(e))
+                continue
+            retry = response.code >= 500 or (path in AGENT_ROUTES and response.code == 404)
+            if retry and attempt == 0:
+                body = await collect(response)
+                lease.release(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
+                                     duration_sec=None))
+                refused = (response.code, response_headers(response), body, target)
+                if response.code != 503:
+                    log.warn("{url} answered {code}, retrying elsewhere: {msg}",
+                             url=target.backend.url, code=response.code, msg=_message(body))
+                continue
+            await self._relay(request, response, lease, parsed, path, sent_at)
+            return
+        if refused is not None:
+            code, headers, body, target = refused
+            if path in AGENT_ROUTES and code == 404:
+                raise ApiError(400, f"{path} is not served by {target.backend.url}",
+                               code="route_not_served")
+            request.setResponseCode(code)
+            for k, vs in headers:
+                request.responseHeaders.setRawHeaders(k, vs)
+            request.setHeader(b"x-pharos-backend", target.backend.url.encode())
+            request.write(body)
+            return
+        raise errors.upstream(f"no backend answered: {connect_failure}")
+
+    def _start_reply(self, request: Request, response: IResponse, target: Target,
+                     reason: str) -> None:
+        request.setResponseCode(response.code)
+        for k, vs in response_headers(response):
+            request.responseHeaders.setRawHeaders(k, vs)
+        request.setHeader(b"x-pharos-backend", target.backend.url.encode())
+        request.setHeader(b"x-pharos-reason", _ascii(reason))
+
+    async def _relay(self, request: Request, response: IResponse, lease: Lease,
+                     parsed: Parsed, path: str, sent_at: float) -> None:
+        """Stream the reply back; feedback to the scheduler and state when it ends."""
+        target = lease.target
+        self._start_reply(request, response, target, lease.decision.reason)
+        tap = StreamTap(strip_usage_chunk=parsed.pharos_asked_usage,
+                        embeddings=path in EMBEDDING_ROUTES)
+        first: list[float] = []
+        relay = Relay(request, tap, self.clock, lambda: first.append(self.clock.seconds()))
+        response.deliverBody(relay)
+        sample: Sample | None = None
+        try:
+            await relay.done
+            end = self.clock.seconds()
+            usage = tap.usage
+            sample = Sample(
+                ok=response.code < 400,
+                dispatched_cold=lease.cold,
+                ttft_sec=first[0] - sent_at if first else None,
+                duration_sec=end - sent_at,
+                prompt_tokens=usage.prompt_tokens if usage else None,
+                cached_tokens=usage.cached_tokens if usage else None,
+                prompt_eval_sec=usage.prompt_eval_sec if usage else None,
+                load_sec=usage.load_sec if usage else None,
+                control=parsed.control,
+            )
+        except EngineDied as e:
+            log.warn("{url} died mid-reply: {why}", url=target.backend.url, why=str(e))
+            self.state.eject(target.backend)
+            await _cut(request)
+        finally:
+            lease.release(sample)
+
+
+def _req(request: IRequest) -> Request:
+    assert isinstance(request, Request)
+    return request
+
+
+def _refused(e: Exception) -> bool:
+    return isinstance(e, ConnectionRefusedError | ConnectError)
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, ResponseNeverReceived):
+        return "connection closed before a reply"
+    return f"{type(e).__name__}: {e}".strip()
+
+
+def _message(body: bytes) -> str:
+    """An engine's error message, cut to 200 bytes, for the log (it often names a flag)."""
+    try:
+        doc = json.loads(body)
+        err = doc.get("error") if isinstance(doc, dict) else None
+        msg = err.get("message") if isinstance(err, dict) else err
+        text = str(msg if msg is not None else body[:200])
+    except ValueError:
+        text = body[:200].decode("utf-8", "replace")
+    return text[:200]
+
+
+async def _cut(request: Request) -> None:
+    """Cut the client's connection mid-reply: an incomplete read, never a clean end."""
+    gone: Deferred[None] = request.notifyFinish()
+    gone.addErrback(lambda _: None)
+    channel = request.channel
+    transport = channel.transport if channel is not None else None
+    if transport is None:
+        return
+    transport.abortConnection()  # type: ignore[attr-defined]
+    await gone
+
+
+__all__ = ["PublicAPI", "Residency"]

@@ -3,6 +3,7 @@ backpressure both ways (DESIGN §4 steps 5-7, TWISTED.md B.2)."""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -32,16 +33,14 @@ class EngineDied(Exception):
     """The engine's reply ended before it was complete."""
 
 
-class Tap:
+class Tap(typing.Protocol):
     """What the relay needs from the stream tap (pharos.proxy.tap.StreamTap)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to pass on now."""
-        return chunk
 
     def finish(self) -> bytes:
         """Bytes held back, at the end of the stream."""
-        return b""
 
 
 def send(client: HTTPClient, url: str, body: bytes, content_type: bytes = b"application/json",

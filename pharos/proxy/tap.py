@@ -145,7 +145,7 @@ class StreamTap:
         end = n
         if start < n and not self._overlong:
             tail = n - start
-            if self._held_len + tail > MAX_LINE:
+            if self._held_len + tail > MAX_LINE + 1:
                 self._overlong = True
                 if strip:
                     out.extend(self._held)

@@ -170,9 +170,10 @@ class State:
                     out.append(t)
         return out
 
-    def listed_anywhere(self, model: str) -> bool:
-        """Whether any backend, up or not, has ever listed ``model``."""
-        return any(t.model == model for t in self.targets)
+    def listed_anywhere(self, model: str, kind: str | None = None) -> bool:
+        """Whether any backend (of ``kind``), up or not, has ever listed ``model``."""
+        return any(t.model == model and (kind is None or t.backend.kind == kind)
+                   for t in self.targets)
 
     def models(self) -> dict[str, list[Target]]:
         """Every model an up backend lists, with its targets."""

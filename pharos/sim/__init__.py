@@ -1,0 +1,11 @@
+"""Simulation (spec §14 layers 3 and 5): in-process engine doubles.
+
+- ``pharos.sim.double``: ``EngineDouble``, ``start_double``: an Ollama, llama.cpp or vLLM
+  look-alike on a loopback port, with test controls.
+- ``pharos.sim.model``: ``EngineModel`` (the behaviour interface), ``SimpleModel`` and its
+  ``Knobs`` (prefill, decode, load, host memory, prefix cache, output cap, keep-alive).
+- ``pharos.sim.wire``: reply templates and serializers shared by the engines' wire formats in
+  ``pharos.sim.ollama``, ``pharos.sim.llamacpp`` and ``pharos.sim.vllm``.
+- ``pharos.sim.prompt``: prompt text, size and prefix blocks of a client request.
+- ``pharos.sim.cli``: ``pharos sim-engine``.
+"""
