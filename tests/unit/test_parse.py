@@ -1,0 +1,82 @@
+"""Layer 1: reading a client's request body (spec §9 Parse)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pharos.proxy.errors import ApiError
+from pharos.proxy.parse import parse
+
+
+def test_chat_prompt_size_counts_decoded_text() -> None:
+    """An escaped and a UTF-8 body are the same prompt: 4 bytes of decoded text a token."""
+    text = "Привет, мир" * 10
+    utf8 = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]},
+                      ensure_ascii=False).encode()
+    escaped = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}
+                         ).encode()
+    a, b = parse(utf8, "/v1/chat/completions"), parse(escaped, "/v1/chat/completions")
+    assert a.prompt_tokens == b.prompt_tokens == (len(text.encode()) + 3) // 4
+
+
+def test_content_parts_tools_and_prompt_count() -> None:
+    """Text parts, tools and completion prompts all count; non-string content routes too."""
+    body = {"model": "m", "tools": [{"type": "function", "function": {"name": "f"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"},
+                                                        {"type": "image_url",
+                                                         "image_url": {"url": "x"}}]}]}
+    p = parse(json.dumps(body).encode(), "/v1/chat/completions")
+    assert p.prompt_tokens > 1
+    p = parse(b'{"model":"m","prompt":"abcdefgh"}', "/v1/completions")
+    assert p.prompt_tokens == 2
+
+
+def test_streamed_chat_gets_include_usage_keeping_other_options() -> None:
+    """A streamed chat that did not ask for usage gets it, other stream options kept."""
+    raw = b'{"model":"m","stream":true,"stream_options":{"x":1},"messages":[]}'
+    p = parse(raw, "/v1/chat/completions")
+    assert p.pharos_asked_usage
+    sent = json.loads(p.forward_body("m"))
+    assert sent["stream_options"] == {"x": 1, "include_usage": True}
+
+
+def test_client_that_asked_for_usage_is_forwarded_untouched() -> None:
+    """A client that asked for usage (or does not stream) gets its body forwarded as sent."""
+    raw = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    p = parse(raw, "/v1/chat/completions")
+    assert not p.pharos_asked_usage
+    assert p.forward_body("m") == raw
+    assert parse(b'{"model":"m"}', "/v1/chat/completions").forward_body("m") == b'{"model":"m"}'
+
+
+def test_alias_rewrites_the_model_for_the_engine() -> None:
+    """Only the body sent to the engine names the engine's model."""
+    p = parse(b'{"model":"small","messages":[]}', "/v1/chat/completions")
+    assert json.loads(p.forward_body("qwen2.5:3b-instruct"))["model"] == "qwen2.5:3b-instruct"
+
+
+def test_ollama_streams_by_default_and_control_requests() -> None:
+    """Ollama's native routes stream unless told not to; no messages/prompt is a control."""
+    assert parse(b'{"model":"m","messages":[{"role":"user","content":"x"}]}', "/api/chat").stream
+    assert not parse(b'{"model":"m","stream":false}', "/api/chat").stream
+    assert parse(b'{"model":"m"}', "/api/chat").control
+    assert parse(b'{"model":"m","prompt":""}', "/api/generate").control
+    assert not parse(b'{"model":"m","prompt":"x"}', "/api/generate").control
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), [
+    (b"{bad", 400, "invalid_json"),
+    (b"[1,2]", 400, "invalid_json"),
+    (b'{"messages":[]}', 400, "missing_required_parameter"),
+    (b'{"model":""}', 400, "missing_required_parameter"),
+    (b"\xff\xfe", 400, "invalid_json"),
+])
+def test_bad_bodies_are_4xx(raw: bytes, status: int, code: str) -> None:
+    """Malformed JSON or a missing model is a clear 400, never a 500."""
+    with pytest.raises(ApiError) as e:
+        parse(raw, "/v1/chat/completions")
+    assert (e.value.status, e.value.code) == (status, code)
+    assert json.loads(e.value.body(ollama=False))["error"]["code"] == code
+    assert isinstance(json.loads(e.value.body(ollama=True))["error"], str)
