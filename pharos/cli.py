@@ -54,7 +54,34 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to wait for each path (default 5)")
     doctor.set_defaults(func=cmd_doctor)
+
+    bench = sub.add_parser("bench", help="benchmarks: pick, overhead (reported, not asserted)")
+    bench.add_argument("what", choices=["pick", "overhead"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+
+    sim = sub.add_parser("sim-engine", help="run one simulated engine on loopback")
+    sim.add_argument("rest", nargs=argparse.REMAINDER)
+    sim.set_defaults(func=cmd_sim_engine)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``pharos bench pick|overhead ...``."""
+    if args.what == "pick":
+        from pharos.sim.bench import main_pick
+
+        return main_pick(args.rest)
+    from pharos.sim.overhead import main_overhead
+
+    return main_overhead(args.rest)
+
+
+def cmd_sim_engine(args: argparse.Namespace) -> int:
+    """``pharos sim-engine --kind K --port P``: one engine double until Ctrl-C."""
+    from pharos.sim.cli import main_sim_engine
+
+    return main_sim_engine(args.rest)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -11,8 +11,9 @@ end of the body it writes ``StreamTap.finish()`` and reads ``StreamTap.usage``. 
   most ``MAX_LINE`` bytes); lines longer than ``MAX_LINE`` pass through unparsed, so a huge
   one-line non-streamed reply gives no usage;
 - decodes JSON only for lines that can carry usage: a cheap byte search for the top-level keys
-  of ``USAGE_FIELDS`` (``"usage"`` followed by anything but ``null``, ``"timings"``,
-  ``"eval_count"``, ...) comes first, so a content chunk costs a few ``bytes.find`` calls;
+  of ``USAGE_FIELDS`` (``"usage"``, ``"timings"``, ``_count"``, ``_duration"``, each followed
+  by ``:`` and anything but ``null``) comes first, so a content chunk costs four
+  ``bytes.find`` calls, and a blank line none;
 - with ``strip_usage_chunk`` (Pharos asked for ``stream_options.include_usage`` on the
   client's behalf), drops the usage-only chunk: the ``data:`` line whose top-level
   ``choices`` is an empty list, and the blank line that ends its event. Nothing else.
@@ -36,15 +37,27 @@ _DATA = b"data:"
 #: Byte forms of an empty ``choices`` list: compact JSON, and Python's default separators
 #: (mlx-lm). Only a hint; the decoded object decides.
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
-_MARKERS: tuple[bytes, ...] = tuple(sorted(b'"' + k.encode() + b'"' for k in USAGE_KEYS))
+
+
+def _marker(key: str) -> bytes:
+    """What to search for to find ``key``: the quoted key, or for a snake_case key only its
+    last part (``_count"`` stands for ``"prompt_eval_count"`` and ``"eval_count"`` alike), so
+    a line costs fewer searches; a stray hit only costs one decode."""
+    cut = key.rfind("_")
+    return (key[cut:] if cut > 0 else '"' + key).encode() + b'"'
+
+
+#: The byte strings a usage-bearing line must contain, derived from ``USAGE_FIELDS``.
+_MARKERS: tuple[bytes, ...] = tuple(sorted({_marker(k) for k in USAGE_KEYS}))
+_SHORTEST = min(len(m) for m in _MARKERS)
 _SPACE = b" \t"
 
 
 def _may_carry_usage(buf: bytes, s: int, e: int) -> bool:
-    """Whether ``buf[s:e]`` holds a usage key with a non-null value, judged by bytes alone.
+    """Whether ``buf[s:e]`` may hold a usage key with a non-null value, judged by bytes alone.
 
-    A quoted key cannot occur inside a JSON string (its quotes would be escaped), so a hit is
-    a key, or a string value equal to the key name, which the following ``:`` rules out.
+    A quote cannot occur unescaped inside a JSON string, so a hit ends a key, or a string
+    value, which the following ``:`` rules out.
     """
     for marker in _MARKERS:
         i = buf.find(marker, s, e)
@@ -145,7 +158,7 @@ class StreamTap:
         end = n
         if start < n and not self._overlong:
             tail = n - start
-            if self._held_len + tail > MAX_LINE + 1:
+            if self._held_len + tail > MAX_LINE:
                 self._overlong = True
                 if strip:
                     out.extend(self._held)
@@ -206,21 +219,23 @@ class StreamTap:
     def _line(self, buf: bytes, s: int, e: int) -> bool:
         """Scan the complete line ``buf[s:e]`` (with its ``\\n``, if any); return whether the
         client must not get it (only ever true when stripping)."""
-        if self._first_line:
-            self._first_line = False
-            if self._body is not None:
-                text = buf[s:e].strip()
-                if text.startswith(b"{") and text.endswith(b"}"):
-                    self._body = None  # NDJSON or a one-line body: the lines say it all
         if self._drop_blank:
             self._drop_blank = False
             if e - s <= 2 and buf[s:e] in (b"\n", b"\r\n"):
                 return True
+        if e - s <= _SHORTEST:
+            return False  # blank lines, SSE pings: nothing to parse
+        if self._first_line and self._body is not None:
+            text = buf[s:e].strip()
+            if text:
+                self._first_line = False
+                if text.startswith(b"{") and text.endswith(b"}"):
+                    self._body = None  # NDJSON or a one-line body: the lines say it all
         is_data = buf.startswith(_DATA, s, e)
         empty_choices = (
             self._strip
             and is_data
-            and any(buf.find(m, s, e) >= 0 for m in _EMPTY_CHOICES)
+            and (buf.find(_EMPTY_CHOICES[0], s, e) >= 0 or buf.find(_EMPTY_CHOICES[1], s, e) >= 0)
         )
         if not empty_choices and not _may_carry_usage(buf, s, e):
             return False

@@ -1,0 +1,115 @@
+"""``pharos bench pick``: the routing decision's time (spec §15), reported, never asserted."""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
+
+
+def mixed_candidates(n: int, rng: random.Random) -> list[Candidate]:
+    """``n`` candidates as a mixed fleet looks: warm and cold, busy and idle, some unknowns."""
+    out = []
+    for i in range(n):
+        warm = rng.choice([True, True, False, None])
+        cap = rng.choice([1, 2, 4, 8])
+        busy = rng.randint(0, cap)
+        out.append(Candidate(
+            target_id=i,
+            warm=warm,
+            capacity=cap,
+            free_slots=cap - busy,
+            queue_ahead=rng.randint(0, 3) if busy == cap else 0,
+            kv_usage=rng.choice([None, rng.random()]),
+            matched_tokens=rng.choice([0, 0, rng.randint(0, 8000)]),
+            prefill_sec_per_token=rng.choice([None, rng.uniform(0.0005, 0.01)]),
+            load_sec=rng.choice([None, rng.uniform(1, 20)]),
+            service_sec=rng.choice([None, rng.uniform(1, 30)]),
+            fits_if_cold=rng.choice([None, True, False]) if warm is False else None,
+            loading=warm is False and rng.random() < 0.2,
+            inflight=busy,
+        ))
+    return out
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """The p-th percentile (0..100) of sorted values, nearest rank."""
+    k = max(0, min(len(sorted_values) - 1, round(p / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def time_calls(fn: Callable[[], object], rounds: int) -> list[float]:
+    """Wall time of each call in microseconds, sorted (GC off while timing)."""
+    out = []
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        gc.enable()
+    out.sort()
+    return out
+
+
+def bench_pick(candidates: int = 64, prompt_tokens: int = 8000, rounds: int = 20000,
+               seed: int = 1) -> dict[str, Any]:
+    """p50/p99 of one decision over ``candidates`` mixed candidates, for both policies."""
+    rng = random.Random(seed)
+    fleets = [mixed_candidates(candidates, rng) for _ in range(64)]
+    results: dict[str, Any] = {
+        "bench": "pick", "candidates": candidates, "prompt_tokens": prompt_tokens,
+        "rounds": rounds, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+    }
+    for name in ("cost", "least-load"):
+        cfg = PolicyConfig(name=name)  # type: ignore[arg-type]
+        i = [0]
+
+        def one(cfg: PolicyConfig = cfg, i: list[int] = i) -> object:
+            i[0] += 1
+            return pick(RouteReq(prompt_tokens, i[0]), fleets[i[0] % 64], cfg)
+
+        time_calls(one, 2000)  # warm up
+        us = time_calls(one, rounds)
+        results[name] = {"p50_us": round(percentile(us, 50), 1),
+                         "p99_us": round(percentile(us, 99), 1),
+                         "mean_us": round(sum(us) / len(us), 1)}
+    return results
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    import os
+
+    return {"python": platform.python_version(), "implementation":
+            platform.python_implementation(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "processor": platform.processor() or None}
+
+
+def main_pick(argv: list[str]) -> int:
+    """``pharos bench pick [--rounds N] [--json]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="pharos bench pick")
+    p.add_argument("--candidates", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=8000)
+    p.add_argument("--rounds", type=int, default=20000)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    r = bench_pick(a.candidates, a.prompt_tokens, a.rounds)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"routing decision, {a.candidates} candidates, {a.prompt_tokens}-token prompt, "
+              f"{a.rounds} rounds ({r['date']}, Python {r['machine']['python']}, "
+              f"{r['machine']['cpus']} CPUs)")
+        for name in ("cost", "least-load"):
+            print(f"  {name:<11} p50 {r[name]['p50_us']:7.1f} us   p99 {r[name]['p99_us']:7.1f} us")
+    return 0
