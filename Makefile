@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test check lint live-engines clean
+.PHONY: install demo doctor-demo test check lint live-engines clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+# Pharos on 127.0.0.1:8090 in front of three simulated engines (Ctrl-C stops it).
 demo: install
+	$(VENV)/bin/twistd -n --pidfile= pharos --demo
+
+# pharos doctor on the real engines when installed here, on the recorded captures otherwise.
+doctor-demo: install
 	$(PY) contrib/doctor_demo.py
 
 lint: install

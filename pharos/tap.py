@@ -18,7 +18,7 @@ from pharos.policy import PolicyConfig
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.public import PublicAPI
 from pharos.sched import Scheduler
-from pharos.state.state import State
+from pharos.state.state import LOAD_INTERVAL, State
 
 # A factory per engine connection would log its start and stop at info, twice a request.
 _HTTP11ClientFactory.noisy = False
@@ -60,14 +60,15 @@ class ListenError(Exception):
 class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
-    def __init__(self, config: Config, reactor: Any) -> None:
+    def __init__(self, config: Config, reactor: Any, load_interval: float = LOAD_INTERVAL
+                 ) -> None:
         super().__init__()
         self.config = config
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = POOL_PER_HOST
         self.pool.cachedConnectionTimeout = POOL_IDLE_SEC
         self.client = make_client(reactor, self.pool)
-        self.state = State(reactor, self.client)
+        self.state = State(reactor, self.client, load_interval=load_interval)
         self.sched = Scheduler(self.state, PolicyConfig(name=config.policy))
         self.state.on_round = lambda _backend: self.sched.kick()
         self.public = PublicAPI(self.state, self.sched, self.client, reactor)
@@ -104,11 +105,15 @@ class QuietSite(Site):
         """Nothing: twisted.web's access line is not Pharos's request log."""
 
 
+def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
+    """The public site: the Klein app, bodies bounded while they arrive."""
+    return QuietSite(top.public.app.resource(), requestFactory=bounded_request_factory(max_body))
+
+
 def build(config: Config, reactor: Any) -> PharosService:
-    """The service tree for ``config`` on ``reactor`` (tests build it on their own reactor)."""
+    """The service tree for ``config`` on ``reactor``."""
     top = PharosService(config, reactor)
-    site = QuietSite(top.public.app.resource(),
-                     requestFactory=bounded_request_factory(MAX_BODY_BYTES))
+    site = public_site(top)
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.
     strports.service(config.listen.strports(), site).setServiceParent(top)
     return top

@@ -38,3 +38,21 @@ def test_wheel_installs_twistd_plugin(tmp_path: Path) -> None:
     check = subprocess.run([str(venv / "bin" / "pharos"), "--help"], capture_output=True,
                            text=True, timeout=60, cwd=tmp_path)
     assert "doctor" in check.stdout
+    # the engine doubles (twistd pharos --demo) find their captures in the installed wheel
+    doubles = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from pharos.sim.double import KINDS, pinned_capture\n"
+         "print(' '.join(pinned_capture(k).version for k in KINDS))"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert doubles.returncode == 0, doubles.stderr
+    assert doubles.stdout.split() == ["0.32.15", "b11312", "0.32.0"]
+
+
+def test_setup_cfg_lists_the_pinned_captures() -> None:
+    """setup.cfg's data_files are exactly the captures the doubles are cloned from."""
+    sys.path.insert(0, str(ROOT / "contrib"))
+    try:
+        from data_files import block  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    assert block() in (ROOT / "setup.cfg").read_text(), "run: python contrib/data_files.py"

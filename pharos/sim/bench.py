@@ -69,7 +69,7 @@ def bench_pick(candidates: int = 64, prompt_tokens: int = 8000, rounds: int = 20
         "rounds": rounds, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
     }
     for name in ("cost", "least-load"):
-        cfg = PolicyConfig(name=name)  # type: ignore[arg-type]
+        cfg = PolicyConfig(name=name)
         i = [0]
 
         def one(cfg: PolicyConfig = cfg, i: list[int] = i) -> object:

@@ -17,31 +17,31 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+import sys
 from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
-    IAddress,
     IListeningPort,
     IPushProducer,
     IReactorTCP,
     IReactorTime,
 )
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.protocols.policies import WrappingFactory
 from twisted.python.failure import Failure
+from twisted.web import http
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
 from pharos.engine.capture import Capture, Recorded
 from pharos.engine.library import LLAMACPP, OLLAMA, VLLM
-from pharos.sim import ollama as ollama_wire
 from pharos.sim.llamacpp import LlamacppFlavor
 from pharos.sim.model import (
     DEFAULT_SLOTS,
@@ -55,7 +55,7 @@ from pharos.sim.model import (
     SimpleModel,
     UnknownModel,
 )
-from pharos.sim.ollama import OllamaFlavor
+from pharos.sim.ollama import KEEP_ALIVE_S, OllamaFlavor
 from pharos.sim.prompt import (
     GENERATION_ROUTES,
     BadRequest,
@@ -72,8 +72,16 @@ from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 
 log = Logger()
 
-#: The fixtures/ directory of a source checkout (captures are not installed with the wheel).
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+def _fixtures() -> Path:
+    """fixtures/ of a source checkout, else the pinned captures the wheel installs under
+    ``<prefix>/share/pharos/fixtures`` (setup.cfg data_files)."""
+    checkout = Path(__file__).resolve().parents[2] / "fixtures"
+    if checkout.is_dir():
+        return checkout
+    return Path(sys.prefix) / "share" / "pharos" / "fixtures"
+
+
+FIXTURES = _fixtures()
 
 #: The capture each double is cloned from: kind → (engine/version, state). The busy state of
 #: llama.cpp lends only the shape of a processing slot in /slots.
@@ -85,6 +93,9 @@ PINNED: Mapping[str, tuple[str, str]] = {
 _LLAMACPP_BUSY = "busy"
 
 KINDS: tuple[str, ...] = tuple(PINNED)
+
+#: How many past requests a double remembers (``jobs``, ``stats.prompt_tokens``).
+HISTORY = 10_000
 
 
 @cache
@@ -107,15 +118,16 @@ def pinned_capture(kind: str, fixtures: Path | None = None, state: str | None = 
 @dataclass(slots=True)
 class DoubleStats:
     """What a double saw: generation requests started, completed and cancelled (client gone
-    or ``kill``), control requests, refusals, and each started request's prompt and cached
-    tokens in arrival order."""
+    or ``kill``), control requests, recorded refusals served, and each started request's
+    prompt tokens in arrival order, the last ``HISTORY`` of them (``EngineDouble.jobs`` has
+    the rest: cached tokens, TTFT, slot, outcome)."""
 
     started: int = 0
     completed: int = 0
     cancelled: int = 0
     controls: int = 0
     refused: int = 0
-    prompt_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
     @property
     def active(self) -> int:
@@ -132,8 +144,10 @@ class EngineDouble:
     ``OLLAMA_NUM_PARALLEL``, llama.cpp's ``--parallel``, vLLM's ``--max-num-seqs``).
     ``loaded``: models in memory at start (default: none for Ollama, the one model
     otherwise). ``knobs`` and any ``Knobs`` field as a keyword (``prefill_s=...``) set the
-    latency model; Ollama's ``keep_alive`` defaults to its 5 minutes. ``engine_model``
-    replaces the behaviour model altogether.
+    latency model (Ollama's ``keep_alive`` is its 5 minutes unless ``knobs`` or
+    ``keep_alive=`` say otherwise). ``fixtures``: where the pinned captures are (default: the
+    checkout's ``fixtures/``). ``seed``: the ids' random source. ``engine_model`` replaces
+    the behaviour model altogether (the wire format stays).
     """
 
     def __init__(
@@ -156,7 +170,7 @@ class EngineDouble:
         capture = pinned_capture(kind, fixtures)
         self.flavor: Flavor = self._flavor(kind, capture, models, fixtures)
         if kind == OLLAMA and "keep_alive" not in knob_values and knobs is None:
-            knob_values["keep_alive"] = ollama_wire.KEEP_ALIVE_S
+            knob_values["keep_alive"] = KEEP_ALIVE_S
         base = knobs or Knobs()
         self.knobs = dataclasses.replace(base, **knob_values) if knob_values else base
         catalogue = self.flavor.catalogue()
@@ -166,10 +180,11 @@ class EngineDouble:
         self.model: EngineModel = engine_model or SimpleModel(
             clock, catalogue, slots=slots, knobs=self.knobs, loaded=loaded)
         self.stats = DoubleStats()
-        self.jobs: list[Job] = []
+        #: The last ``HISTORY`` generation jobs, in arrival order (prompt text dropped once over).
+        self.jobs: deque[Job] = deque(maxlen=HISTORY)
         self.url = ""
         self._replies: set[_Reply] = set()
-        self._channels: weakref.WeakSet[Protocol] = weakref.WeakSet()
+        self._factories: list[WrappingFactory] = []
         self._waiters: list[tuple[Callable[[], bool], Deferred[None]]] = []
         self.resource = _DoubleResource(self)
 
@@ -185,9 +200,12 @@ class EngineDouble:
 
     # -- serving --
 
-    def site(self, reactor: IReactorTime | None = None) -> Site:
-        """A ``Site`` for this double (``reactor``: the one that runs its connections)."""
-        return _TrackingSite(self, reactor)
+    def factory(self, reactor: IReactorTime | None = None) -> WrappingFactory:
+        """A protocol factory serving this double: a ``Site`` (``reactor``: the one that runs
+        its connections), wrapped so that ``kill`` can find every connection."""
+        wrapped = WrappingFactory(_QuietSite(self.resource, reactor=reactor))
+        self._factories.append(wrapped)
+        return wrapped
 
     def log_lines(self) -> list[bytes] | None:
         """The engine's log as the double would have written it (Ollama), else ``None``."""
@@ -211,10 +229,10 @@ class EngineDouble:
         """
         for reply in list(self._replies):
             reply.cut()
-        for channel in list(self._channels):
-            transport = channel.transport
-            if transport is not None and getattr(transport, "connected", False):
-                transport.abortConnection()  # type: ignore[attr-defined]
+        for factory in self._factories:
+            for proto in list(factory.protocols):
+                if proto.transport is not None:
+                    proto.transport.abortConnection()
         self._changed()
 
     def when(self, predicate: Callable[[], bool]) -> Deferred[None]:
@@ -408,8 +426,12 @@ class _Reply:
     # -- internals --
 
     def cut(self) -> None:
-        """``kill``: stop without an end; the connection is aborted by the caller."""
+        """``kill``: stop without an end and drop the connection."""
         self._abandon(count=True)
+        channel = self._request.channel
+        transport = getattr(channel, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
 
     def _write(self, data: bytes) -> None:
         if self._paused or self._pending:
@@ -473,19 +495,11 @@ class _DoubleResource(Resource):
         return self._double._post(request)
 
 
-class _TrackingSite(Site):
-    """A ``Site`` that remembers its connections so ``kill`` can drop them."""
+class _QuietSite(Site):
+    """No access log: a simulated fleet would fill the demo's log with it."""
 
-    def __init__(self, double: EngineDouble, reactor: IReactorTime | None) -> None:
-        super().__init__(double.resource, reactor=reactor)
-        self._double = double
-
-    def buildProtocol(self, addr: IAddress) -> Protocol | None:
-        """Build the channel and keep a weak reference to it."""
-        proto = super().buildProtocol(addr)
-        if proto is not None:
-            self._double._channels.add(proto)
-        return proto
+    def log(self, request: http.Request) -> None:
+        """Nothing."""
 
 
 def start_double(
@@ -505,10 +519,10 @@ def start_double(
     time = clock if clock is not None else reactor
     if not IReactorTime.providedBy(time):
         raise TypeError("start_double needs a clock: pass clock= or a reactor with callLater")
-    double = EngineDouble(kind, time, **model_args)  # type: ignore[arg-type]
+    double = EngineDouble(kind, time, **model_args)
     site_clock = reactor if IReactorTime.providedBy(reactor) else None
-    listening = reactor.listenTCP(port, double.site(site_clock),  # type: ignore[arg-type]
-                                  interface=interface)
+    factory = double.factory(site_clock)
+    listening = reactor.listenTCP(port, factory, interface=interface)  # type: ignore[arg-type]
     host = listening.getHost()
     number = getattr(host, "port", port)
     shown = f"[{interface}]" if ":" in interface else interface

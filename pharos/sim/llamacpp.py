@@ -41,6 +41,8 @@ class LlamacppFlavor(Flavor):
         recorded = self._props["model_alias"]
         if models is not None and len(models) != 1:
             raise ValueError("a llama.cpp server serves exactly one model")
+        self._name: str
+        self._size: int
         self._name, self._size = next(iter(models.items())) if models else (
             recorded, int(self._v1["data"][0]["meta"]["size"]))
         slots = self.body_of("/slots")

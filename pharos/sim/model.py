@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -499,6 +500,7 @@ class SimpleModel:
             m.running.remove(job)
         job.state = CANCELLED
         job.finished_at = self.clock.seconds()
+        job.request = replace(job.request, prompt=b"")
         if job.request.control is None:
             self._finished["abort"] = self._finished.get("abort", 0) + 1
         m.last_used = self.clock.seconds()
@@ -589,7 +591,7 @@ class SimpleModel:
                 if job.request.control:
                     job.state = RUNNING
                     job.control_reason = LOAD
-                    self._steps[job] = self._timers.after(0, lambda j=job: self._control_done(j))
+                    self._steps[job] = self._timers.after(0, partial(self._control_done, job))
                 else:
                     self._admit(m, job)
             if m.idle:
@@ -696,6 +698,7 @@ class SimpleModel:
         # The reply is cached with the prompt: a next turn that repeats it hits.
         output = "".join(token_text(i) for i in range(job.tokens_done)).encode()
         m.cache.insert(chain_blocks(job.request.prompt + output))
+        job.request = replace(job.request, prompt=b"")  # a finished job keeps no text
         if m.idle:
             self._idle(m)
 

@@ -38,6 +38,8 @@ class VllmFlavor(Flavor):
         recorded = self._v1["data"][0]["id"]
         if models is not None and len(models) != 1:
             raise ValueError("the vLLM double serves exactly one model")
+        self._name: str
+        self._size: int
         self._name, self._size = next(iter(models.items())) if models else (recorded, 0)
         self._relabel = ({f'model_name="{recorded}"': f'model_name="{self._name}"'}
                          if self._name != recorded else None)

@@ -7,7 +7,7 @@ from typing import Any
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from pharos.engine.capture import Capture
 
@@ -61,13 +61,13 @@ class CaptureResource(Resource):
         return NOT_DONE_YET
 
 
-def serve(resource: CaptureResource) -> tuple[IListeningPort, str]:
+def serve(resource: Resource | Site) -> tuple[IListeningPort, str]:
     """Listen on a free loopback port; the port and its base URL."""
     from twisted.internet import reactor
-    from twisted.web.server import Site
 
     tcp: IReactorTCP = reactor
-    port = tcp.listenTCP(0, Site(resource), interface="127.0.0.1")  # type: ignore[arg-type]
+    site = resource if isinstance(resource, Site) else Site(resource)
+    port = tcp.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[arg-type]
     host = port.getHost()
     assert isinstance(host, IPv4Address)
     return port, f"http://127.0.0.1:{host.port}"

@@ -119,7 +119,12 @@ def test_fair_queue_serves_keys_by_weight() -> None:
     for i in range(6):
         for key, weight in (("heavy", 2), ("light", 1)):
             d = sched.acquire(key, weight, req(seed=i))
-            d.addCallback(lambda lease, k=key: (order.append(k), leases.append(lease)))
+
+            def got(lease: Lease, k: str = key) -> None:
+                order.append(k)
+                leases.append(lease)
+
+            d.addCallback(got)
     holder.release()
     while leases:
         leases.pop().release()
