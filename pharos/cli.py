@@ -18,6 +18,14 @@ from pharos.engine.library import AUTO, KINDS
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # These pass their whole argument list (--help included) to their own parsers.
+    if argv[:1] == ["sim-engine"]:
+        from pharos.sim.cli import main_sim_engine
+
+        raise SystemExit(main_sim_engine(argv[1:]))
+    if argv[:1] == ["bench"] and argv[1:2] in (["pick"], ["overhead"]):
+        raise SystemExit(cmd_bench(argparse.Namespace(what=argv[1], rest=argv[2:])))
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

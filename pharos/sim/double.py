@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-import sys
 from pathlib import Path
 from typing import Any
 

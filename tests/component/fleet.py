@@ -59,14 +59,16 @@ class Fleet:
 
 
 async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
-                      policy: str = "cost") -> Fleet:
-    """Start one double per (kind, double options, backend options) and Pharos in front."""
+                      policy: str = "cost", extra: Sequence[str] = ()) -> Fleet:
+    """Start one double per (kind, double options, backend options) and Pharos in front;
+    ``extra``: more backend URLs (engines the test serves itself), detected by kind."""
     doubles, ports, specs = [], [], []
     for kind, opts, backend in engines:
         d, port = start_double(kind, reactor, **{**FAST, **opts})
         doubles.append(d)
         ports.append(port)
         specs.append(BackendSpec(url=d.url, **backend))
+    specs.extend(BackendSpec(url=u) for u in extra)
     config = Config(listen=Listen("127.0.0.1:0"), policy=policy,  # type: ignore[arg-type]
                     backends=tuple(specs))
     top = PharosService(config, reactor, load_interval=0.1)

@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest_twisted
 import treq
+from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
+from twisted.web.server import Request
 
-from tests.component.fleet import eventually, start_fleet
+from tests.component.capture_server import CaptureResource, close, serve
+from tests.component.fleet import eventually, sleep, start_fleet
+from tests.replay.captures import all_captures, capture_id
 
 QWEN, LLAMA = "qwen3:8b", "llama3.2:3b"
 
@@ -150,3 +154,133 @@ async def test_killed_engine_cuts_only_its_stream_and_the_next_goes_elsewhere() 
 
 async def _read_all(response: Any) -> bytes:
     return bytes(await treq.content(response))
+
+
+class FailingVllm(CaptureResource):
+    """Answers status paths like vLLM's idle capture, and every POST with a 500."""
+
+    posts = 0
+
+    def render_POST(self, request: Request) -> bytes:
+        self.posts += 1
+        request.setResponseCode(500)
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"error":{"message":"out of memory (try --max-num-seqs)","code":500}}'
+
+
+@pytest_twisted.ensureDeferred
+async def test_5xx_is_retried_elsewhere_but_not_ejected() -> None:
+    """An engine that answers 500 before any byte reached the client: the request is retried
+    on another target and succeeds; the engine is not ejected (it may refuse only some)."""
+    vllm_idle = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
+    failing = FailingVllm(vllm_idle, reactor)
+    port, url = serve(failing)
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})], extra=[url])
+    try:
+        codes = []
+        for _ in range(40):  # ties between the two go by each request's seed
+            r = await fleet.chat("tiny")
+            await r.content()
+            codes.append(r.code)
+            if failing.posts:
+                break
+        assert set(codes) == {200}
+        assert failing.posts >= 1, "no request was routed to the failing engine"
+        assert not fleet.pharos.state.backends[url].ejected
+    finally:
+        await fleet.stop()
+        await close(port)
+
+
+@pytest_twisted.ensureDeferred
+async def test_refused_connection_is_retried_and_ejected() -> None:
+    """An engine whose port stopped listening refuses the connection: the request goes to the
+    other engine, and the refusing one is ejected until it answers a scrape round again."""
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"}), ("vllm", {}, {"kind": "vllm"})])
+    a, b = fleet.doubles
+    try:
+        await close(fleet.ports[0])  # a's port: new connections to it are now refused
+        a.kill()  # and the pooled ones are gone
+        await sleep(0.05)
+        seen = set()
+        for _ in range(40):  # ties between the two go by each request's seed
+            r = await fleet.chat("tiny")
+            await r.content()
+            assert r.code == 200
+            seen.add(r.headers.getRawHeaders(b"x-pharos-backend")[0].decode())
+            if fleet.pharos.state.backends[a.url].ejected:
+                break
+        assert seen == {b.url}
+        assert fleet.pharos.state.backends[a.url].ejected
+    finally:
+        fleet.ports.pop(0)
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_usage_stripped_on_every_engines_stream() -> None:
+    """On Ollama's, llama.cpp's and vLLM's recorded stream shapes, a client that did not ask
+    for usage gets a stream without the usage chunk, and one that asked gets it."""
+    fleet = await start_fleet([
+        ("ollama", {"loaded": [LLAMA]}, {"kind": "ollama"}),
+        ("llamacpp", {}, {"kind": "llamacpp", "aliases": {"tiny": "cpp"}}),
+        ("vllm", {}, {"kind": "vllm"}),
+    ])
+    try:
+        for model in (LLAMA, "cpp", "tiny"):
+            plain = (await (await fleet.chat(model, stream=True)).content()).decode()
+            asked = (await (await fleet.chat(
+                model, stream=True, stream_options={"include_usage": True})).content()).decode()
+            events = [e for e in plain.split("\n\n") if e.startswith("data: {")]
+            assert events and all('"choices":[]' not in e for e in events), model
+            assert plain.rstrip().endswith("data: [DONE]"), model
+            assert any('"choices":[]' in e and '"usage"' in e for e in asked.split("\n\n")), model
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_healthz_is_503_until_the_first_round() -> None:
+    """/healthz answers 503 while no scrape round has finished, 200 after."""
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
+    try:
+        r = await treq.get(fleet.url + "/healthz", pool=fleet.pool)
+        assert r.code == 200
+        fleet.pharos.state.ready = False
+        r = await treq.get(fleet.url + "/healthz", pool=fleet.pool)
+        assert r.code == 503
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_ollama_routes_and_aggregates() -> None:
+    """HEAD / answers like Ollama; /api/version is the oldest Ollama's; /api/tags and /api/ps
+    gather every Ollama host; a native chat goes only to Ollama backends."""
+    fleet = await start_fleet([
+        ("ollama", {"loaded": [LLAMA]}, {"kind": "ollama"}),
+        ("ollama", {"loaded": [QWEN]}, {"kind": "ollama"}),
+        ("vllm", {}, {"kind": "vllm"}),
+    ])
+    try:
+        r = await treq.head(fleet.url + "/", pool=fleet.pool)
+        assert r.code == 200
+        r = await treq.get(fleet.url + "/api/version", pool=fleet.pool)
+        assert json.loads(await r.content()) == {"version": "0.32.15"}
+        tags = json.loads(await (await treq.get(fleet.url + "/api/tags",
+                                               pool=fleet.pool)).content())
+        assert {m["name"] for m in tags["models"]} >= {LLAMA, QWEN}
+        ps = json.loads(await (await treq.get(fleet.url + "/api/ps", pool=fleet.pool)).content())
+        assert {m["name"] for m in ps["models"]} == {LLAMA, QWEN}
+        r = await fleet.post("/api/chat", {"model": "tiny", "stream": False,
+                                           "messages": [{"role": "user", "content": "x"}]})
+        assert r.code == 404  # vLLM's model is not served by any Ollama backend
+        r = await fleet.post("/api/chat", {"model": LLAMA, "stream": False,
+                                           "messages": [{"role": "user", "content": "x"}]})
+        assert r.code == 200
+        assert json.loads(await r.content())["done"] is True
+        r = await fleet.post("/api/pull", {"model": LLAMA})
+        assert r.code == 501
+        assert "error" in json.loads(await r.content())
+    finally:
+        await fleet.stop()

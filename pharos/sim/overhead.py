@@ -1,0 +1,150 @@
+"""``pharos bench overhead``: what Pharos adds to one request (spec §15), reported, never
+asserted.
+
+A vLLM double (prefill and decode near zero, so the engine's own time does not hide Pharos's)
+and Pharos run as separate processes on loopback, as an operator runs them. The same 32 KiB
+streamed chat is sent straight to the engine and through Pharos, one at a time, alternating;
+TTFT is the time to the first body byte. Pharos's CPU per request is its process's CPU time
+over the run divided by the requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pharos.sim.bench import machine, percentile
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait(port: int, path: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"127.0.0.1:{port}{path} not up")
+        time.sleep(0.1)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ttft(conn: http.client.HTTPConnection, body: bytes) -> float:
+    """Seconds from sending the request to the first body byte; reads the rest."""
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.read(1)
+    first = time.perf_counter() - t0
+    resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"status {resp.status}")
+    return first
+
+
+def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
+    """Run the engine and Pharos, measure, stop both."""
+    exe = Path(sys.executable).parent
+    engine_port, pharos_port = _free_port(), _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "pharos.yaml"
+        cfg.write_text(f"listen: 127.0.0.1:{pharos_port}\nbackends:\n"
+                       f"  - url: http://127.0.0.1:{engine_port}\n    kind: vllm\n")
+        try:
+            procs.append(subprocess.Popen(
+                [str(exe / "pharos"), "sim-engine", "--kind", "vllm", "--port",
+                 str(engine_port), "--slots", "64", "--prefill-ms", "0", "--decode-ms", "0",
+                 "--max-tokens", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            _wait(engine_port, "/health")
+            profile = os.environ.get("PHAROS_BENCH_PROFILE")  # a file: cProfile stats of Pharos
+            extra = ["--profile", profile, "--profiler", "cprofile", "--savestats"] if profile \
+                else []
+            procs.append(subprocess.Popen(
+                [str(exe / "twistd"), "-n", "--pidfile=", *extra, "pharos", "-c", str(cfg)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp))
+            _wait(pharos_port, "/healthz")
+            text = ("lorem ipsum dolor sit amet " * (body_kib * 1024 // 27 + 1))[
+                : body_kib * 1024]
+            body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 4,
+                               "messages": [{"role": "user", "content": text}]}).encode()
+            direct = http.client.HTTPConnection("127.0.0.1", engine_port, timeout=30)
+            routed = http.client.HTTPConnection("127.0.0.1", pharos_port, timeout=30)
+            for _ in range(50):  # warm up both paths and their connections
+                _ttft(direct, body)
+                _ttft(routed, body)
+            pharos_pid = procs[1].pid
+            cpu0 = _cpu_seconds(pharos_pid)
+            d_times, r_times = [], []
+            for _ in range(requests):
+                d_times.append(_ttft(direct, body))
+                r_times.append(_ttft(routed, body))
+            cpu = _cpu_seconds(pharos_pid) - cpu0
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    d_times.sort()
+    r_times.sort()
+
+    ms = 1000.0
+    return {
+        "bench": "overhead", "requests": requests, "body_bytes": len(body),
+        "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+        "ttft_direct_ms": {"p50": round(percentile(d_times, 50) * ms, 3),
+                           "p99": round(percentile(d_times, 99) * ms, 3)},
+        "ttft_pharos_ms": {"p50": round(percentile(r_times, 50) * ms, 3),
+                           "p99": round(percentile(r_times, 99) * ms, 3)},
+        "added_ms": {"p50": round((percentile(r_times, 50) - percentile(d_times, 50)) * ms, 3),
+                     "p99": round((percentile(r_times, 99) - percentile(d_times, 99)) * ms, 3)},
+        "pharos_cpu_ms_per_request": round(cpu / requests * ms, 3),
+        "note": "added = TTFT through Pharos minus direct (percentile of each); Pharos CPU "
+                "counts its whole process over the measured requests",
+    }
+
+
+def main_overhead(argv: list[str]) -> int:
+    """``pharos bench overhead [--requests N] [--json]``."""
+    p = argparse.ArgumentParser(prog="pharos bench overhead")
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--body-kib", type=int, default=32)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    r = bench_overhead(a.requests, a.body_kib)
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"proxy overhead, {a.body_kib} KiB streamed chat to a warm vLLM double, "
+          f"{a.requests} requests ({r['date']}, Python {r['machine']['python']}, "
+          f"{r['machine']['cpus']} CPUs)")
+    for k in ("ttft_direct_ms", "ttft_pharos_ms", "added_ms"):
+        print(f"  {k:<16} p50 {r[k]['p50']:7.3f} ms   p99 {r[k]['p99']:7.3f} ms")
+    print(f"  pharos CPU per request {r['pharos_cpu_ms_per_request']:.3f} ms")
+    return 0
