@@ -29,7 +29,7 @@ class CaptureResource(Resource):
         self.bodies: dict[str, bytes] = {}
         self.gets: list[str] = []
 
-    def render_POST(self, request: Request) -> bytes:
+    def render_POST(self, request: Request) -> Any:
         """A route the capture recorded replies for answers 400 to a body naming no model."""
         path = request.path.decode()
         served = any(r.path == path for r in self.capture.replies)

@@ -44,7 +44,7 @@ class Flood:
             self.request.write(EVENT)
             self.sent += len(EVENT)
             if self.sent % (4 * 1024 * 1024) < len(EVENT):
-                reactor.callLater(0, self.pump)  # type: ignore[attr-defined]
+                reactor.callLater(0, self.pump)
                 return
         if self.sent >= TOTAL and not self.stopped:
             self.stopped = True
@@ -57,7 +57,7 @@ class Flood:
 
     def resumeProducing(self) -> None:
         self.paused = False
-        reactor.callLater(0, self.pump)  # type: ignore[attr-defined]
+        reactor.callLater(0, self.pump)
 
     def stopProducing(self) -> None:
         self.stopped = True
@@ -70,7 +70,7 @@ class FloodingVllm(CaptureResource):
         request.setHeader(b"content-type", b"text/event-stream")
         flood = Flood(request)
         request.registerProducer(flood, True)
-        reactor.callLater(0, flood.pump)  # type: ignore[attr-defined]
+        reactor.callLater(0, flood.pump)
         return NOT_DONE_YET
 
 
