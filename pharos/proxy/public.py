@@ -120,6 +120,13 @@ class PublicAPI:
         return self._error(req, ApiError(405, f"method {method} not allowed here",
                                          code="method_not_allowed"))
 
+    @app.handle_errors(Exception)
+    def unexpected(self, request: IRequest, failure: Failure) -> bytes:
+        """A fault of Pharos's own: logged, and a 500 in the client's shape, no traceback."""
+        log.failure("request to {path} failed", failure, path=_req(request).path)
+        return self._error(_req(request), ApiError(500, "internal error in Pharos",
+                                                   type="server_error", code="pharos_error"))
+
     def _error(self, request: Request, e: ApiError) -> bytes:
         request.setResponseCode(e.status)
         request.setHeader(b"content-type", JSON)
