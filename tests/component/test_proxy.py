@@ -284,3 +284,20 @@ async def test_ollama_routes_and_aggregates() -> None:
         assert "error" in json.loads(await r.content())
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_agent_route_an_engine_lacks_is_400_route_not_served() -> None:
+    """/v1/messages on an engine that answers 404 is retried elsewhere; with nowhere else to
+    go the client gets 400 route_not_served naming the backend (coding agents read any 404 as
+    a bad model)."""
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
+    try:
+        r = await fleet.post("/v1/messages", {"model": "tiny", "max_tokens": 4,
+                                              "messages": [{"role": "user", "content": "x"}]})
+        body = json.loads(await r.content())
+    finally:
+        await fleet.stop()
+    assert r.code == 400
+    assert body["error"]["code"] == "route_not_served"
+    assert fleet.doubles[0].url in body["error"]["message"]
