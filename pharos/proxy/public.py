@@ -27,14 +27,13 @@ from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from pharos.engine.library import OLLAMA
-from pharos.engine.signals import Residency
 from pharos.proxy import errors
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import EngineDied, Relay, collect, response_headers, send
 from pharos.proxy.tap import StreamTap
 from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
-from pharos.state.registry import Target
+from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
@@ -149,7 +148,7 @@ class PublicAPI:
         return _json(request, 200, {"id": model, "object": "model", "created": self.started,
                                     "owned_by": "pharos"})
 
-    def _ollama_backends(self) -> list[Any]:
+    def _ollama_backends(self) -> list[BackendState]:
         return [b for b in self.state.backends.values()
                 if b.kind == OLLAMA and self.state.is_up(b)]
 
@@ -388,5 +387,3 @@ async def _cut(request: Request) -> None:
     transport.abortConnection()  # type: ignore[attr-defined]
     await gone
 
-
-__all__ = ["PublicAPI", "Residency"]
