@@ -6,7 +6,7 @@ import json
 import time
 
 from tests.live.engines import engines
-from tests.live.load import doctor, start_streams, stop_all, wait_started
+from tests.live.load import doctor, read, start_streams, stop_all, wait_started
 
 SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
         "max_tokens": engines.LLAMA_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
@@ -41,7 +41,7 @@ def test_running_equals_concurrent_requests(llamacpp: engines.RunningEngine) -> 
     streams = start_streams(llamacpp.url, SLOW, engines.LLAMA_PARALLEL)
     try:
         wait_started(streams, engines.LLAMA_PARALLEL)
-        whole = doctor(llamacpp.url)["signals"]["backend"]
+        whole = read(llamacpp.url)["signals"]["backend"]
     finally:
         stop_all(streams)
     assert whole["running"] == engines.LLAMA_PARALLEL
@@ -56,7 +56,7 @@ def test_more_requests_than_slots_read_as_waiting(llamacpp: engines.RunningEngin
         wait_started(streams, engines.LLAMA_PARALLEL)
         time.sleep(0.5)  # the third request has reached the server's queue by now
         assert sum(s.started.is_set() for s in streams) == engines.LLAMA_PARALLEL
-        whole = doctor(llamacpp.url)["signals"]["backend"]
+        whole = read(llamacpp.url)["signals"]["backend"]
         still_waiting = sum(not s.started.is_set() for s in streams)
     finally:
         stop_all(streams)
@@ -89,7 +89,7 @@ def test_without_metrics_slots_give_running() -> None:
         streams = start_streams(eng.url, SLOW, 1)
         try:
             wait_started(streams, 1)
-            r = doctor(eng.url)
+            r = read(eng.url)
         finally:
             stop_all(streams)
     assert r["signals"]["backend"]["running"] == 1

@@ -6,7 +6,7 @@ import json
 import time
 
 from tests.live.engines import engines
-from tests.live.load import doctor, start_streams, stop_all, wait_started
+from tests.live.load import doctor, read, start_streams, stop_all, wait_started
 
 # As long as the context allows (about 7 s for 8 streams on 2 cores): the read through a
 # doctor process must fall inside the first batch.
@@ -45,7 +45,7 @@ def test_running_equals_concurrent_requests(vllm: engines.RunningEngine) -> None
     streams = start_streams(vllm.url, SLOW, 3)
     try:
         wait_started(streams, 3)
-        tiny = doctor(vllm.url)["signals"]["models"]["tiny"]
+        tiny = read(vllm.url)["signals"]["models"]["tiny"]
         done_early = sum(s.finished.is_set() for s in streams)
     finally:
         stop_all(streams)
@@ -62,7 +62,7 @@ def test_running_and_waiting_under_overload(vllm: engines.RunningEngine) -> None
         wait_started(streams, engines.VLLM_MAX_NUM_SEQS)
         time.sleep(0.5)
         started = sum(s.started.is_set() for s in streams)
-        tiny = doctor(vllm.url)["signals"]["models"]["tiny"]
+        tiny = read(vllm.url)["signals"]["models"]["tiny"]
         started_after = sum(s.started.is_set() for s in streams)
     finally:
         stop_all(streams)
