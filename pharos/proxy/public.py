@@ -21,7 +21,7 @@ from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseNeverReceived
+from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from twisted.web.iweb import IRequest, IResponse
 from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -250,23 +250,25 @@ class PublicAPI:
         tried: set[int] = set()
         refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
         connect_failure: str | None = None
-        for attempt in range(2):
+        elsewhere = 0  # retries on another target used (at most one)
+        stale_retry = True  # one retry on the same target after a dead pooled connection
+        while True:
+            retrying = elsewhere > 0 or not stale_retry
             try:
                 lease = await self.sched.acquire(ANONYMOUS, 1,
                                                  replace(req, exclude=frozenset(tried)),
-                                                 front=attempt > 0)
+                                                 front=retrying)
             except UnknownModel:
-                if attempt:
+                if retrying:
                     break
                 raise errors.unknown_model(parsed.model) from None
             except Unavailable:
-                if attempt:
+                if retrying:
                     break
                 raise errors.unavailable(parsed.model) from None
             except QueueFull:
                 raise errors.queue_full() from None
             target = lease.target
-            tried.add(target.id)
             sent_at = self.clock.seconds()
             try:
                 response = await send(self.client, target.backend.url + path,
@@ -276,14 +278,27 @@ class PublicAPI:
                 raise
             except Exception as e:
                 lease.release()
+                if _cancelled(e):  # the client left while the request was on its way
+                    raise CancelledError() from None
+                if _stale(e) and stale_retry:
+                    # The engine had closed the pooled connection: nothing was answered, and
+                    # Twisted retries only idempotent requests (twisted#7843). Once more, on a
+                    # fresh connection to the same target.
+                    stale_retry = False
+                    continue
+                tried.add(target.id)
                 if _refused(e):
                     self.state.eject(target.backend)
                 connect_failure = f"{target.backend.url}: {_describe(e)}"
                 log.warn("{url} failed before replying: {why}", url=target.backend.url,
                          why=_describe(e))
+                if elsewhere:
+                    break
+                elsewhere += 1
                 continue
+            tried.add(target.id)
             retry = response.code >= 500 or (path in AGENT_ROUTES and response.code == 404)
-            if retry and attempt == 0:
+            if retry and not elsewhere:
                 body = await collect(response)
                 lease.release(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
                                      duration_sec=None))
@@ -291,6 +306,7 @@ class PublicAPI:
                 if response.code != 503:
                     log.warn("{url} answered {code}, retrying elsewhere: {msg}",
                              url=target.backend.url, code=response.code, msg=_message(body))
+                elsewhere += 1
                 continue
             await self._relay(request, response, lease, parsed, path, sent_at)
             return
@@ -356,6 +372,17 @@ def _req(request: IRequest) -> Request:
 
 def _refused(e: Exception) -> bool:
     return isinstance(e, ConnectionRefusedError | ConnectError)
+
+
+def _cancelled(e: Exception) -> bool:
+    """Agent reports a cancelled request as a failure wrapping CancelledError."""
+    reasons = getattr(e, "reasons", None) or []
+    return any(r.check(CancelledError) for r in reasons)
+
+
+def _stale(e: Exception) -> bool:
+    """The connection died before any answer: a pooled connection the engine had closed."""
+    return isinstance(e, ResponseNeverReceived | RequestTransmissionFailed)
 
 
 def _describe(e: Exception) -> str:

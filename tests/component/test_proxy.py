@@ -9,7 +9,10 @@ from typing import Any
 import pytest_twisted
 import treq
 from twisted.internet import reactor
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import ensureDeferred, fail
+from twisted.internet.error import ConnectionDone
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseNeverReceived
 from twisted.web.server import Request
 
 from tests.component.capture_server import CaptureResource, close, serve
@@ -301,3 +304,34 @@ async def test_agent_route_an_engine_lacks_is_400_route_not_served() -> None:
     assert r.code == 400
     assert body["error"]["code"] == "route_not_served"
     assert fleet.doubles[0].url in body["error"]["message"]
+
+
+class StaleOnce:
+    """A treq client whose first POST dies as on a pooled connection the engine had closed."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.failed = 0
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        if method == "POST" and not self.failed:
+            self.failed += 1
+            return fail(ResponseNeverReceived([Failure(ConnectionDone())]))
+        return self.client.request(method, url, **kw)
+
+
+@pytest_twisted.ensureDeferred
+async def test_dead_pooled_connection_is_retried_on_the_same_engine() -> None:
+    """A POST lost on a connection the engine had closed is sent again on a fresh one: the
+    client gets its answer, even with one backend, and the engine is not ejected."""
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
+    shim = StaleOnce(fleet.pharos.public.client)
+    fleet.pharos.public.client = shim  # type: ignore[assignment]
+    try:
+        r = await fleet.chat("tiny")
+        await r.content()
+    finally:
+        await fleet.stop()
+    assert r.code == 200
+    assert shim.failed == 1
+    assert not fleet.pharos.state.backends[fleet.doubles[0].url].ejected
