@@ -25,11 +25,17 @@ class Parsed:
     pharos_asked_usage: bool  # Pharos set stream_options.include_usage for this client
     control: bool  # an Ollama load/unload request (no messages or prompt)
     raw: bytes  # the body as the client sent it
+    insert_usage: bool = False  # Pharos asked and the client sent no stream_options at all
 
     def forward_body(self, served: str) -> bytes:
         """The body to send to the engine, naming the model as the engine knows it."""
         if served == self.model and not self.pharos_asked_usage:
             return self.raw
+        if served == self.model and self.insert_usage:
+            # Insert the option before the object's closing brace instead of re-encoding a
+            # large body (the decode proved it is one JSON object without that key).
+            raw = self.raw.rstrip()
+            return raw[:-1] + b',"stream_options":{"include_usage":true}}'
         body = dict(self.body)
         body["model"] = served
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -94,12 +100,14 @@ def parse(raw: bytes, path: str) -> Parsed:
     control = ollama and (
         (path == "/api/chat" and not messages) or (path == "/api/generate" and not prompt))
     asked = False
+    insert = False
     if path == "/v1/chat/completions" and stream:
         options = body.get("stream_options")
+        insert = "stream_options" not in body
         if not (isinstance(options, dict) and options.get("include_usage") is True):
             body = dict(body)
             body["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                       "include_usage": True}
             asked = True
     return Parsed(model, (size + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN, stream, body, asked,
-                  control, raw)
+                  control, raw, insert_usage=asked and insert)

@@ -80,3 +80,15 @@ def test_bad_bodies_are_4xx(raw: bytes, status: int, code: str) -> None:
     assert (e.value.status, e.value.code) == (status, code)
     assert json.loads(e.value.body(ollama=False))["error"]["code"] == code
     assert isinstance(json.loads(e.value.body(ollama=True))["error"], str)
+
+
+def test_include_usage_inserted_without_reencoding() -> None:
+    """The option is inserted into the client's bytes: escapes and key order survive, and the
+    result is the same JSON as a re-encode would give."""
+    raw = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"\\u00e9"}]} \n'
+    p = parse(raw, "/v1/chat/completions")
+    sent = p.forward_body("m")
+    assert sent.startswith(b'{"model":"m","stream":true,"messages":[{"role":"user","content":'
+                           b'"\\u00e9"}]')
+    assert json.loads(sent) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+    assert json.loads(p.forward_body("engine-name"))["model"] == "engine-name"
