@@ -11,6 +11,7 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred, fail
 from twisted.internet.error import ConnectionDone
+from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseNeverReceived
 from twisted.web.server import Request
@@ -335,3 +336,48 @@ async def test_dead_pooled_connection_is_retried_on_the_same_engine() -> None:
     assert r.code == 200
     assert shim.failed == 1
     assert not fleet.pharos.state.backends[fleet.doubles[0].url].ejected
+
+
+class GzipVllm(CaptureResource):
+    """Status paths like vLLM's idle capture; a chat completion answers gzip-compressed."""
+
+    def render_POST(self, request: Request) -> bytes:
+        import gzip
+
+        body = b"".join(f'data: {{"choices":[{{"delta":{{"content":"w{i}"}}}}]}}\n\n'.encode()
+                        for i in range(50)) + b"data: [DONE]\n\n"
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"content-encoding", b"gzip")
+        return gzip.compress(body)
+
+
+@pytest_twisted.ensureDeferred
+async def test_compressed_reply_relays_decoded() -> None:
+    """treq always asks for gzip; a compressed engine reply reaches the client decoded, whole,
+    without a content-encoding header that would no longer be true."""
+    capture = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
+    port, url = serve(GzipVllm(capture, reactor))
+    fleet = await start_fleet([], extra=[url])
+    try:
+        # a raw socket shows the bytes exactly as Pharos sent them
+        raw = await deferToThread(_raw_post, fleet.url, b'{"model":"tiny","stream":true}')
+    finally:
+        await fleet.stop()
+        await close(port)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"200"
+    assert b"content-encoding" not in head.lower()
+    assert b"data: [DONE]" in body and body.count(b"data: {") == 50
+
+
+def _raw_post(url: str, body: bytes) -> bytes:
+    """POST over a plain socket (HTTP/1.0, so the reply ends with the connection)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+

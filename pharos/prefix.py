@@ -1,0 +1,474 @@
+"""Prefix index (spec §6): which target most likely holds a request's prompt prefix in its cache.
+
+A chained hash per message, not a character radix tree: bounded memory, and no prompt text is
+ever stored, only 64-bit hashes and byte lengths. Pure: no I/O, no clock (timestamps are passed
+in), no locking (the reactor is single-threaded, DESIGN §4).
+
+Chain (``chain``)::
+
+    h0 = sha256(SEED, kind, model, tools)        no link of its own
+    h1 = sha256(h0, role_1, content_1, extra_1)  so h1 covers the tools and the first message
+    hi = sha256(h(i-1), role_i, content_i, extra_i)
+
+Every field is length-prefixed (8 bytes, big-endian), so ``("ab", "c")`` and ``("a", "bc")``
+differ. The full 32-byte digest is chained; each link's key is its first 8 bytes as an unsigned
+64-bit int. The seed is a constant, so chains agree across instances and restarts.
+
+* A string content is hashed as its decoded text (UTF-8, lone surrogates passed through), so a
+  client that escapes non-ASCII as ``\\uXXXX`` and one that sends UTF-8 build the same chain and
+  the matched bytes are the text's bytes.
+* A content that is not a string (an array of parts, images, ``null``) is hashed as canonical
+  JSON (sorted keys, no spaces, no ASCII escaping). Its length counts only the ``text`` of its
+  text parts (``{"type": "text", "text": ...}``): images and other parts have no byte length that
+  says anything about their tokens.
+* ``extra_i`` is the canonical JSON of the message's other fields (``tool_calls``,
+  ``tool_call_id``, ``name``, Ollama's ``images``...), empty when there are none, so two
+  assistant turns that differ only in their tool calls don't share a link. It adds no length.
+* The tools' canonical JSON bytes count towards the first link's length: the engine renders and
+  caches them with the system message (tools and the system message are one unit, §6).
+* A completion or Ollama generate prompt is split into fixed 1 KiB blocks of its UTF-8 bytes, one
+  link each (the last block may be shorter). A prompt of token ids is 4 bytes per token (so 256
+  tokens per block, and its matched bytes / 4 are exact tokens); a batch of prompts has no chain.
+* No messages and no prompt, or a body too odd to encode (say, nested past the recursion limit),
+  give an empty chain: the caller routes without a prediction. ``chain`` never raises.
+
+Index (``PrefixIndex``): an LRU over entries keyed by the 64-bit link hash, default 200k entries.
+Each entry holds up to 4 ``(target_id, gen, last_used, source)`` slots; on a 5th target the
+least recently used slot goes, and on a tie in ``last_used`` the first arrival keeps it.
+
+Measured memory (CPython 3.11, ``tracemalloc`` over 200k entries of random 64-bit keys, each
+record sharing one timestamp across its links as real records do): 233 B per entry with 1 slot,
+353 B with 2, 481 B with 4 (the OrderedDict node and int key, the slot list, 64 B per slot
+object). The default cap is thus about 47 MB (one slot each) to 96 MB (four), not the ~20 MB of
+the Go design; lower ``capacity`` where that matters.
+
+LRU: ``record`` and ``merge`` touch the entries they write; ``lookup`` does not (a lookup whose
+request then fails must not keep entries alive; a success records, which touches). A record
+touches its links from the longest to the shortest, so the shared short prefixes end up most
+recent and the capacity bound evicts the deep links of old conversations first.
+
+Replication (§6, §12): ``export`` returns the live entries, most recently used first, naming
+targets by their wire key; ``merge`` applies snapshot entries and peer ``PrefixOp`` deltas as
+local records and removals, stamped with the receiver's current generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias
+
+Source: TypeAlias = Literal["local", "peer", "restored"]
+Outcome: TypeAlias = Literal[
+    "predicted_hit", "wrong_prediction", "unpredicted_hit", "miss", "unknown"
+]
+
+#: The fixed seed of h0: chains agree across instances and survive restarts.
+SEED: Final = b"pharos/prefix/v1"
+#: Completion and generate prompts are chained in blocks of this many UTF-8 bytes.
+BLOCK_BYTES: Final = 1024
+#: Matched bytes to estimated tokens (decoded text, 2.8-6.2 measured, §6).
+BYTES_PER_TOKEN: Final = 4
+#: Slots per entry.
+MAX_SLOTS: Final = 4
+#: Default number of entries.
+DEFAULT_CAPACITY: Final = 200_000
+
+_LEN: Final = 8  # bytes of each field's length prefix
+_TOKEN_BYTES: Final = 4  # bytes per token id in a token prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """A request's links: ``keys[i]`` is h(i+1) as a 64-bit int and ``ends[i]`` the cumulative
+    decoded-text byte length up to and including that link. Empty when there is no prediction."""
+
+    keys: tuple[int, ...] = ()
+    ends: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def total_bytes(self) -> int:
+        """The byte length of the whole chain (0 when empty)."""
+        return self.ends[-1] if self.ends else 0
+
+
+EMPTY: Final = Chain()
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A target's longest live match: the matched byte length and where its slot came from."""
+
+    matched_bytes: int
+    source: Source
+
+    @property
+    def tokens(self) -> int:
+        """Estimated cached tokens, at ``BYTES_PER_TOKEN``."""
+        return self.matched_bytes // BYTES_PER_TOKEN
+
+
+@dataclass(frozen=True, slots=True)
+class WireSlot:
+    """One slot on the wire: the target's string key and when it was last used."""
+
+    target_key: str
+    last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One exported entry: a link hash and its live slots, oldest arrival first."""
+
+    key: int
+    slots: tuple[WireSlot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixOp:
+    """A peer delta (§6): a record (or, with ``remove``, a correction) of one request's links."""
+
+    target_key: str
+    hashes: tuple[int, ...]
+    last_used: float
+    remove: bool = False
+
+
+# --- chain -------------------------------------------------------------------------------------
+
+
+def _field(data: bytes) -> bytes:
+    return len(data).to_bytes(_LEN, "big") + data
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _canonical(value: object) -> bytes:
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr
+    )
+    return _utf8(text)
+
+
+def _text_len(content: object) -> int:
+    """Byte length of a content: a string's UTF-8 bytes, or an array's text parts."""
+    if isinstance(content, str):
+        return len(_utf8(content))
+    if isinstance(content, list):
+        n = 0
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                text = part.get("text")
+                if isinstance(text, str):
+                    n += len(_utf8(text))
+        return n
+    return 0
+
+
+def _key(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "big")
+
+
+def _head(kind: bytes, model: str, tools: bytes) -> bytes:
+    return hashlib.sha256(SEED + _field(kind) + _field(_utf8(model)) + _field(tools)).digest()
+
+
+def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
+    tools_bytes = _canonical(tools) if tools else b""
+    prev = _head(b"chat", model, tools_bytes)
+    total = len(tools_bytes)
+    keys: list[int] = []
+    ends: list[int] = []
+    for message in messages:
+        if isinstance(message, dict):
+            role = message.get("role", "")
+            content = message.get("content")
+            extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        else:
+            role, content, extra = "", message, {}
+        role_bytes = _utf8(role) if isinstance(role, str) else _canonical(role)
+        if isinstance(content, str):
+            content_bytes = b"s" + _utf8(content)
+        else:
+            content_bytes = b"j" + _canonical(content)
+        extra_bytes = _canonical(extra) if extra else b""
+        prev = hashlib.sha256(
+            prev + _field(role_bytes) + _field(content_bytes) + _field(extra_bytes)
+        ).digest()
+        total += _text_len(content)
+        keys.append(_key(prev))
+        ends.append(total)
+    return Chain(tuple(keys), tuple(ends))
+
+
+def _block_chain(model: str, kind: bytes, data: bytes) -> Chain:
+    prev = _head(kind, model, b"")
+    keys: list[int] = []
+    ends: list[int] = []
+    for start in range(0, len(data), BLOCK_BYTES):
+        block = data[start : start + BLOCK_BYTES]
+        prev = hashlib.sha256(prev + _field(block)).digest()
+        keys.append(_key(prev))
+        ends.append(start + len(block))
+    return Chain(tuple(keys), tuple(ends))
+
+
+def _prompt_chain(model: str, prompt: object) -> Chain:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return _block_chain(model, b"prompt", _utf8(prompt))
+    if isinstance(prompt, list) and all(
+        type(t) is int and 0 <= t < 2 ** (8 * _TOKEN_BYTES) for t in prompt
+    ):
+        data = b"".join(t.to_bytes(_TOKEN_BYTES, "big") for t in prompt)
+        return _block_chain(model, b"tokens", data)
+    return EMPTY  # a batch of prompts, or something else: no single prefix to predict
+
+
+def chain(model: str, messages: object, tools: object, prompt: object) -> Chain:
+    """The request's chain: over ``messages`` when it is a list (chat routes), else over
+    ``prompt`` (completions, Ollama generate). Empty when neither is there or the body is too odd
+    to encode; never raises."""
+    if not isinstance(model, str):
+        return EMPTY
+    try:
+        if isinstance(messages, list):
+            return _chat_chain(model, messages, tools)
+        if messages is None and prompt is not None:
+            return _prompt_chain(model, prompt)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        pass
+    return EMPTY
+
+
+# --- index -------------------------------------------------------------------------------------
+
+
+class _Slot:
+    __slots__ = ("gen", "last_used", "source", "target")
+
+    def __init__(self, target: int, gen: int, last_used: float, source: Source) -> None:
+        self.target = target
+        self.gen = gen
+        self.last_used = last_used
+        self.source: Source = source
+
+
+def _gen_getter(gens: Mapping[int, int] | Callable[[int], int | None]) -> Callable[
+    [int], int | None
+]:
+    if isinstance(gens, Mapping):
+        return gens.get
+    return gens
+
+
+class PrefixIndex:
+    """A bounded LRU of link hash → up to ``MAX_SLOTS`` target slots (spec §6)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[int, list[_Slot]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def lookup(
+        self, ch: Chain, gens: Mapping[int, int] | Callable[[int], int | None]
+    ) -> dict[int, Match]:
+        """Per target, the longest link of ``ch`` whose slot's gen is the target's current gen
+        (``gens``: a mapping or a function of the target id; an unknown gen matches nothing).
+        Walks h_n … h_1, skipping stale slots. O(links); does not touch the LRU order."""
+        gen_of = _gen_getter(gens)
+        keys, ends = ch.keys, ch.ends
+        found: dict[int, Match] = {}
+        current: dict[int, int | None] = {}
+        for i in range(len(keys) - 1, -1, -1):
+            slots = self._entries.get(keys[i])
+            if slots is None:
+                continue
+            for slot in slots:
+                target = slot.target
+                if target in found:
+                    continue
+                if target not in current:
+                    current[target] = gen_of(target)
+                if slot.gen == current[target]:
+                    found[target] = Match(ends[i], slot.source)
+        return found
+
+    def record(
+        self, ch: Chain | Sequence[int], target_id: int, gen: int, now: float,
+        source: Source = "local",
+    ) -> None:
+        """Add the target to every link of the chain. Call it when the request succeeded, never
+        at dispatch or at the first byte: engines cache per slot, so a prompt is reusable only
+        once the request that brought it has ended (§6)."""
+        keys = ch.keys if isinstance(ch, Chain) else ch
+        entries = self._entries
+        for key in reversed(keys):
+            slots = entries.get(key)
+            if slots is None:
+                entries[key] = [_Slot(target_id, gen, now, source)]
+            else:
+                entries.move_to_end(key)
+                _put(slots, target_id, gen, now, source)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def correct(self, ch: Chain | Sequence[int], target_id: int) -> None:
+        """Remove the target from every link of the chain: the engine reported cached tokens far
+        below the prediction (``classify`` said ``wrong_prediction``). This is how the index
+        learns each engine's real retention."""
+        keys = ch.keys if isinstance(ch, Chain) else ch
+        entries = self._entries
+        for key in keys:
+            slots = entries.get(key)
+            if slots is None:
+                continue
+            kept = [s for s in slots if s.target != target_id]
+            if not kept:
+                del entries[key]
+            elif len(kept) != len(slots):
+                slots[:] = kept
+
+    def forget(self, ch: Chain | Sequence[int], target_id: int) -> None:
+        """Remove the target from every link of the chain after an error reply: whatever the
+        engine holds now, this request taught nothing about it."""
+        self.correct(ch, target_id)
+
+    def export(
+        self, key_of: Callable[[int], str | None],
+        gens: Mapping[int, int] | Callable[[int], int | None] | None = None,
+    ) -> list[Entry]:
+        """All live entries, most recently used first, targets named by ``key_of`` (a target it
+        names ``None`` is left out). With ``gens``, stale slots are left out too: a receiver
+        stamps what it merges with its own current gen, so a dead slot must not travel."""
+        gen_of = _gen_getter(gens) if gens is not None else None
+        out: list[Entry] = []
+        for key in reversed(self._entries):
+            wire: list[WireSlot] = []
+            for slot in self._entries[key]:
+                if gen_of is not None and gen_of(slot.target) != slot.gen:
+                    continue
+                target_key = key_of(slot.target)
+                if target_key is not None:
+                    wire.append(WireSlot(target_key, slot.last_used))
+            if wire:
+                out.append(Entry(key, tuple(wire)))
+        return out
+
+    def merge(
+        self, items: Iterable[Entry | PrefixOp],
+        id_of: Callable[[str], int | None],
+        gens: Mapping[int, int] | Callable[[int], int | None],
+        now: float,
+        source: Source = "peer",
+    ) -> int:
+        """Apply a peer's deltas (``PrefixOp``, in order) or a snapshot (``export``'s entries,
+        most recent first, applied from the oldest so the LRU order carries over) as local
+        records and removals. Unknown target keys, and targets whose gen is unknown, are dropped;
+        merged slots are stamped with the receiver's current gen and ``source`` (``peer`` for
+        deltas, ``restored`` for snapshots); ``last_used`` is capped at ``now`` (clock skew).
+        Returns how many items were dropped."""
+        gen_of = _gen_getter(gens)
+        dropped = 0
+        run: list[Entry] = []
+
+        def flush() -> int:
+            lost = 0
+            for entry in reversed(run):
+                for ws in entry.slots:
+                    lost += not self._merge_one(
+                        (entry.key,), ws.target_key, min(ws.last_used, now), False,
+                        id_of, gen_of, source,
+                    )
+            run.clear()
+            return lost
+
+        for item in items:
+            if isinstance(item, Entry):
+                run.append(item)
+                continue
+            dropped += flush()
+            dropped += not self._merge_one(
+                item.hashes, item.target_key, min(item.last_used, now), item.remove,
+                id_of, gen_of, source,
+            )
+        dropped += flush()
+        return dropped
+
+    def _merge_one(
+        self, keys: Sequence[int], target_key: str, last_used: float, remove: bool,
+        id_of: Callable[[str], int | None], gen_of: Callable[[int], int | None], source: Source,
+    ) -> bool:
+        target_id = id_of(target_key)
+        if target_id is None:
+            return False
+        if remove:
+            self.correct(keys, target_id)
+            return True
+        gen = gen_of(target_id)
+        if gen is None:
+            return False
+        self.record(keys, target_id, gen, last_used, source)
+        return True
+
+    def slots(self, key: int) -> list[tuple[int, int, float, Source]]:
+        """The slots of one entry as ``(target_id, gen, last_used, source)``, arrival order (for
+        tests and the status page)."""
+        return [(s.target, s.gen, s.last_used, s.source) for s in self._entries.get(key, ())]
+
+    def keys(self) -> list[int]:
+        """All entry keys, least recently used first."""
+        return list(self._entries)
+
+
+def _put(slots: list[_Slot], target: int, gen: int, now: float, source: Source) -> None:
+    for slot in slots:
+        if slot.target == target:
+            if slot.gen != gen or now >= slot.last_used:
+                slot.last_used = now
+                slot.source = source
+            slot.gen = gen
+            return
+    slots.append(_Slot(target, gen, now, source))
+    if len(slots) > MAX_SLOTS:
+        # least recently used goes; on a tie the first arrival keeps it (so the latest goes)
+        victim = len(slots) - 1
+        for i in range(len(slots) - 2, -1, -1):
+            if slots[i].last_used < slots[victim].last_used:
+                victim = i
+        del slots[victim]
+
+
+# --- outcome -----------------------------------------------------------------------------------
+
+
+def classify(predicted_tokens: int | None, cached_tokens: int | None) -> Outcome:
+    """The ``prefix`` outcome of §13: the prediction against the engine's cached tokens.
+
+    ``unknown`` when the engine reported no cached tokens; without a prediction (None or 0),
+    ``unpredicted_hit`` when anything was cached, else ``miss``; with one, ``wrong_prediction``
+    when fewer than half the predicted tokens were cached (the one ``correct`` acts on), else
+    ``predicted_hit``."""
+    if cached_tokens is None:
+        return "unknown"
+    if not predicted_tokens or predicted_tokens <= 0:
+        return "unpredicted_hit" if cached_tokens > 0 else "miss"
+    if 2 * cached_tokens < predicted_tokens:
+        return "wrong_prediction"
+    return "predicted_hit"
