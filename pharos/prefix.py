@@ -432,7 +432,7 @@ class PrefixIndex:
         tests and the status page)."""
         return [(s.target, s.gen, s.last_used, s.source) for s in self._entries.get(key, ())]
 
-    def keys(self) -> list[int]:
+    def lru_order(self) -> list[int]:
         """All entry keys, least recently used first."""
         return list(self._entries)
 
