@@ -21,9 +21,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     # These pass their whole argument list (--help included) to their own parsers.
     if argv[:1] == ["sim-engine"]:
-        from pharos.sim.cli import main_sim_engine
-
-        raise SystemExit(main_sim_engine(argv[1:]))
+        raise SystemExit(cmd_sim_engine(argparse.Namespace(rest=argv[1:])))
     if argv[:1] == ["bench"] and argv[1:2] in (["pick"], ["overhead"]):
         raise SystemExit(cmd_bench(argparse.Namespace(what=argv[1], rest=argv[2:])))
     parser = _parser()
@@ -87,9 +85,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_sim_engine(args: argparse.Namespace) -> int:
     """``pharos sim-engine --kind K --port P``: one engine double until Ctrl-C."""
+    from twisted.internet import reactor
+
     from pharos.sim.cli import main_sim_engine
 
-    return main_sim_engine(args.rest)
+    return main_sim_engine(args.rest, reactor)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

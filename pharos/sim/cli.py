@@ -1,6 +1,6 @@
 """``pharos sim-engine --kind K --port P``: one engine double, alone, until Ctrl-C.
 
-This is the only module of ``pharos.sim`` that touches the global reactor.
+The console script (pharos.cli) hands it the global reactor.
 """
 
 from __future__ import annotations
@@ -80,11 +80,10 @@ def double_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main_sim_engine(argv: Sequence[str] | None = None) -> int:
-    """Run one double on the global reactor until interrupted; the exit code."""
+def main_sim_engine(argv: Sequence[str] | None, reactor: Any) -> int:
+    """Run one double on ``reactor`` (the console script passes the global one) until
+    interrupted; the exit code."""
     args = parser().parse_args(argv)
-    from twisted.internet import reactor
-
     from pharos.sim.double import start_double
 
     try:
@@ -102,6 +101,3 @@ def main_sim_engine(argv: Sequence[str] | None = None) -> int:
     reactor.run()
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main_sim_engine())

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ def _wait(port: int, path: str, timeout: float = 30.0) -> None:
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"127.0.0.1:{port}{path} not up")
-        time.sleep(0.1)
+        threading.Event().wait(0.1)  # a client process: no reactor to block
 
 
 def _cpu_seconds(pid: int) -> float:
