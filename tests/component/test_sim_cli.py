@@ -19,7 +19,8 @@ def test_sim_engine_serves_until_interrupted() -> None:
     """The process prints its URL, answers like its engine (vLLM's /version and a chat), and
     exits 0 on SIGINT, within a few seconds."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pharos.sim.cli", "--kind", "vllm", "--port", "0",
+        [str(Path(sys.executable).parent / "pharos"), "sim-engine", "--kind", "vllm", "--port",
+         "0",
          "--decode-ms", "1", "--max-tokens", "3"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
