@@ -153,6 +153,8 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
             for backend in _doctor_backends(args):
                 http = HTTPFetcher(backend["url"], client, reactor, timeout=args.timeout)
                 if args.record:
+                    # Recorded before the full examination below, whose coding-agent route
+                    # checks POST to the engine and would show in its counters.
                     from pharos.engine.record import record
 
                     report = await examine(backend["url"], http, backend["kind"])

@@ -4,6 +4,7 @@ fresh machine with no engine answers real requests."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -68,8 +69,7 @@ def demo_service(reactor: Any, config: Config | None = None) -> IService:
     ports.append(p)
     backends.append(Backend(url=d.url, kind="vllm"))
     base = config or Config(listen=Listen(DEMO_LISTEN))
-    cfg = Config(listen=base.listen if config else Listen(DEMO_LISTEN), policy=base.policy,
-                 backends=tuple(backends), keys=base.keys, usage=base.usage, drain=base.drain)
+    cfg = dataclasses.replace(base, backends=tuple(backends))
     top = MultiService()
     SimulatedFleet(doubles, ports).setServiceParent(top)
     build(cfg, reactor).setServiceParent(top)

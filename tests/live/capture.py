@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tests.live.engines import engines
-from tests.live.load import start_streams, stop_all, wait_started
+from tests.live.load import same_prompt_twice, start_streams, stop_all, wait_started
 
 PHAROS = str(Path(sys.executable).parent / "pharos")
 
@@ -39,14 +39,6 @@ def slow_body(max_tokens: int) -> dict[str, object]:
             "max_tokens": max_tokens, **engines.RUN_TO_MAX_TOKENS}
 
 
-def repeat_prefix(eng: engines.RunningEngine, words: int) -> None:
-    body = {"model": "tiny", "max_tokens": 4,
-            "messages": [{"role": "user", "content": engines.long_prompt(words, seed=3)}]}
-    for _ in range(2):
-        status, raw = engines.http_post_json(eng.url + "/v1/chat/completions", body)
-        assert status == 200, raw[:300]
-
-
 def capture_llamacpp(out: Path) -> None:
     base = out / "llamacpp" / f"b{engines.LLAMA_BUILD_NUMBER}"
     model = engines.gguf_slow_model()
@@ -64,7 +56,7 @@ def capture_llamacpp(out: Path) -> None:
         finally:
             stop_all(streams)
     with engines.start_llama_server(tiny, parallel=engines.LLAMA_PARALLEL) as eng:
-        repeat_prefix(eng, 450)
+        same_prompt_twice(eng.url, seed=3)
         record(eng, base / "prefix")
     # started without --metrics: /metrics answers 501 and /slots is the fallback
     with engines.start_llama_server(model, parallel=engines.LLAMA_PARALLEL,
@@ -92,7 +84,7 @@ def capture_vllm(out: Path) -> None:
         finally:
             stop_all(streams)
         time.sleep(2)
-        repeat_prefix(eng, 450)
+        same_prompt_twice(eng.url, seed=3)
         record(eng, base / "prefix")
 
 

@@ -127,14 +127,22 @@ class BlockingFetcher:
 
 def read(url: str) -> dict[str, Any]:
     """What Pharos's resolve (kind detected) reads from the engine now, as doctor's JSON."""
-    from twisted.internet.defer import Deferred
-
     from pharos.engine.doctor import examine
+    from tests.unit.test_plan import run
 
-    results: list[Any] = []
-    Deferred.fromCoroutine(examine(url, BlockingFetcher(url), "auto")).addBoth(results.append)
-    report = results[0]
-    if hasattr(report, "raiseException"):
-        report.raiseException()
-    doc: dict[str, Any] = report.as_json()
+    doc: dict[str, Any] = run(examine(url, BlockingFetcher(url), "auto")).as_json()
     return doc
+
+
+def same_prompt_twice(url: str, seed: int, words: int = 450) -> list[dict[str, Any]]:
+    """The replies to one long prompt sent twice, one after the other (a prefix-cache probe)."""
+    from tests.live.engines import engines
+
+    body = {"model": "tiny", "max_tokens": 4,
+            "messages": [{"role": "user", "content": engines.long_prompt(words, seed=seed)}]}
+    replies = []
+    for _ in range(2):
+        status, raw = engines.http_post_json(url + "/v1/chat/completions", body)
+        assert status == 200, raw[:300]
+        replies.append(json.loads(raw))
+    return replies

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from tests.live.engines import engines
-from tests.live.load import doctor, read, start_streams, stop_all, wait_started
+from tests.live.load import (
+    doctor,
+    read,
+    same_prompt_twice,
+    start_streams,
+    stop_all,
+    wait_started,
+)
 
 SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
         "max_tokens": engines.LLAMA_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
@@ -68,14 +74,7 @@ def test_more_requests_than_slots_read_as_waiting(llamacpp: engines.RunningEngin
 def test_repeated_long_prefix_reports_cached_tokens(llamacpp: engines.RunningEngine) -> None:
     """The same long prompt twice: the second reply reports cached tokens (usage and timings)."""
     wait_idle(llamacpp)
-    body = {"model": "tiny", "max_tokens": 4,
-            "messages": [{"role": "user", "content": engines.long_prompt(450, seed=7)}]}
-    replies = []
-    for _ in range(2):
-        status, raw = engines.http_post_json(llamacpp.url + "/v1/chat/completions", body)
-        assert status == 200, raw[:300]
-        replies.append(json.loads(raw))
-    first, second = replies
+    first, second = same_prompt_twice(llamacpp.url, seed=7)
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert second["timings"]["cache_n"] > 0
     assert second["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]

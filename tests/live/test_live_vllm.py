@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from tests.live.engines import engines
-from tests.live.load import doctor, read, start_streams, stop_all, wait_started
+from tests.live.load import (
+    doctor,
+    read,
+    same_prompt_twice,
+    start_streams,
+    stop_all,
+    wait_started,
+)
 
 # As long as the context allows (about 7 s for 8 streams on 2 cores): the read through a
 # doctor process must fall inside the first batch.
@@ -74,12 +80,6 @@ def test_running_and_waiting_under_overload(vllm: engines.RunningEngine) -> None
 def test_repeated_long_prefix_reports_cached_tokens(vllm: engines.RunningEngine) -> None:
     """The same long prompt twice: the second reply reports cached tokens > 0."""
     wait_idle(vllm)
-    body = {"model": "tiny", "max_tokens": 4,
-            "messages": [{"role": "user", "content": engines.long_prompt(450, seed=11)}]}
-    replies = []
-    for _ in range(2):
-        status, raw = engines.http_post_json(vllm.url + "/v1/chat/completions", body)
-        assert status == 200, raw[:300]
-        replies.append(json.loads(raw))
+    replies = same_prompt_twice(vllm.url, seed=11)
     assert (replies[0]["usage"]["prompt_tokens_details"] or {}).get("cached_tokens", 0) == 0
     assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
