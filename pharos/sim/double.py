@@ -177,8 +177,8 @@ class EngineDouble:
         if loaded is None:
             loaded = () if kind == OLLAMA else tuple(catalogue)
         self.slots = slots
-        self.model: EngineModel = engine_model or SimpleModel(
-            clock, catalogue, slots=slots, knobs=self.knobs, loaded=loaded)
+        self.model: EngineModel = engine_model or default_model(
+            kind, clock, catalogue, slots, self.knobs, tuple(loaded))
         self.stats = DoubleStats()
         #: The last ``HISTORY`` generation jobs, in arrival order (prompt text dropped once over).
         self.jobs: deque[Job] = deque(maxlen=HISTORY)
@@ -500,6 +500,16 @@ class _QuietSite(Site):
 
     def log(self, request: http.Request) -> None:
         """Nothing."""
+
+
+def default_model(kind: str, clock: IReactorTime, catalogue: Mapping[str, int], slots: int,
+                  knobs: Knobs, loaded: tuple[str, ...]) -> EngineModel:
+    """The behaviour model a double of ``kind`` runs unless given one."""
+    if kind == VLLM:
+        return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+    if kind == LLAMACPP:
+        return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+    return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
 
 
 def start_double(
