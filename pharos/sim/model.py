@@ -40,6 +40,10 @@ DEFAULT_LOAD_S = 8.0
 DEFAULT_HOST_MEMORY = 10 * 10**9
 DEFAULT_CACHE_TOKENS = 32 * 1024
 DEFAULT_SLOTS = 2
+#: Not in the ledger; assumed, as the related system's simulator defaults (8B model, 24 GB GPU).
+DEFAULT_PREFILL_PAIR_S = 3.3e-9
+DEFAULT_PREFILL_FIXED_S = 0.005
+DEFAULT_DECODE_SEQ_S = 0.0001
 #: Not in the ledger: the cap on generated tokens when a request names none (or a larger one).
 DEFAULT_MAX_OUTPUT_TOKENS = 64
 
@@ -71,13 +75,34 @@ class Knobs:
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     keep_alive: float | None = None
+    #: b of P(u, c) = a·u + b·u·(c + u/2) + d (a is ``prefill_s``): seconds per token pair.
+    prefill_pair_s: float = DEFAULT_PREFILL_PAIR_S
+    #: d of P(u, c): seconds a prefill costs whatever its size.
+    prefill_fixed_s: float = DEFAULT_PREFILL_FIXED_S
+    #: Seconds each further running sequence adds to a decode step (``decode_s`` is one's).
+    decode_seq_s: float = DEFAULT_DECODE_SEQ_S
+    #: Tokens per KV block (vLLM's --block-size) and per cached prefix block.
+    block_tokens: int = 16
+    #: Tokens one engine step may compute (vLLM's --max-num-batched-tokens).
+    batch_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("prefill_s", "decode_s", "load_s"):
+        for name in ("prefill_s", "decode_s", "load_s", "prefill_pair_s", "prefill_fixed_s",
+                     "decode_seq_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.host_memory <= 0 or self.cache_tokens < 0 or self.max_output_tokens < 1:
             raise ValueError("host_memory > 0, cache_tokens >= 0 and max_output_tokens >= 1")
+        if self.block_tokens < 1 or self.batch_tokens < 1:
+            raise ValueError("block_tokens and batch_tokens must be at least 1")
+
+    def prefill_seconds(self, uncached: int, cached: int) -> float:
+        """P(u, c): the time to compute ``uncached`` prompt tokens after ``cached`` ones."""
+        if uncached <= 0:
+            return 0.0
+        u = uncached
+        return (self.prefill_s * u + self.prefill_pair_s * u * (cached + u / 2)
+                + self.prefill_fixed_s)
 
 
 # --- requests and jobs -----------------------------------------------------------------------
