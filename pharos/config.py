@@ -23,6 +23,9 @@ from typing import Final, Literal, TypeAlias, TypeGuard, TypeVar, get_args
 import yaml
 
 from pharos.engine.signals import COUNT_SIGNALS, LOAD_SIGNALS, LOG_SIGNALS, Residency, Signal
+from pharos.hot import UTILIZATION
+from pharos.policy import BOUNDED_LOAD_EPSILON, KV_PRESSURE_THRESHOLD
+from pharos.prefix import DEFAULT_CAPACITY
 
 Policy: TypeAlias = Literal["cost", "least-load"]
 BackendKind: TypeAlias = Literal[
@@ -234,6 +237,19 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class Routing:
+    """The cost policy's guards and the prefix index's size (spec §6, §7). ``None`` turns a
+    guard off; the defaults are documented where they are defined (``pharos.policy``,
+    ``pharos.hot``, ``pharos.prefix``)."""
+
+    bounded_load_epsilon: float | None = BOUNDED_LOAD_EPSILON
+    kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
+    hot_prefix_utilization: float | None = UTILIZATION
+    session_affinity: bool = True
+    prefix_entries: int = DEFAULT_CAPACITY
+
+
+@dataclass(frozen=True, slots=True)
 class Peers:
     """The peer mesh (§12); exactly one of ``members`` and ``dns`` is set, and the secret is
     required because peers never run unauthenticated."""
@@ -256,6 +272,7 @@ class Config:
     usage: Usage = Usage()
     drain: Drain = Drain()
     peers: Peers | None = None
+    routing: Routing = Routing()
 
 
 def load_config(path: str | Path) -> Config:
@@ -470,7 +487,8 @@ class _Parser:
         m = self.mapping(
             raw,
             "",
-            ("listen", "policy", "backends", "keys", "state_file", "usage", "drain", "peers"),
+            ("listen", "policy", "backends", "keys", "state_file", "usage", "drain", "peers",
+             "routing"),
         )
         if m is None:
             return Config()
@@ -490,7 +508,46 @@ class _Parser:
             usage=self.usage(m.get("usage")),
             drain=self.drain(m.get("drain")),
             peers=self.peers(m.get("peers")),
+            routing=self.routing(m.get("routing")),
         )
+
+    def routing(self, raw: object) -> Routing:
+        if raw is None:
+            return Routing()
+        known = ("bounded_load_epsilon", "kv_pressure_threshold", "hot_prefix_utilization",
+                 "session_affinity", "prefix_entries")
+        m = self.mapping(raw, "routing", known)
+        if m is None:
+            return Routing()
+        base = Routing()
+        out: dict[str, object] = {}
+
+        def number(name: str, low: float, high: float | None, nullable: bool) -> None:
+            if name not in m:
+                return
+            value = m[name]
+            if value is None and nullable:
+                out[name] = None
+            elif _is_number(value) and low <= value and (high is None or value <= high):
+                out[name] = float(value)
+            else:
+                span = (f"a number from {low} to {high}" if high is not None
+                        else f"a number >= {low}")
+                self.expected(f"routing.{name}", span + (" or null (off)" if nullable else ""),
+                              value)
+
+        number("bounded_load_epsilon", 0.0, None, True)
+        number("kv_pressure_threshold", 0.0, 1.0, False)
+        number("hot_prefix_utilization", 0.01, 1.0, True)
+        if "session_affinity" in m:
+            if isinstance(m["session_affinity"], bool):
+                out["session_affinity"] = m["session_affinity"]
+            else:
+                self.expected("routing.session_affinity", "true or false", m["session_affinity"])
+        if "prefix_entries" in m:
+            entries = self.integer(m["prefix_entries"], "routing.prefix_entries")
+            out["prefix_entries"] = entries if entries is not None else base.prefix_entries
+        return dataclasses.replace(base, **out)  # type: ignore[arg-type]
 
     def backends(self, raw: object) -> tuple[Backend, ...]:
         backends: list[Backend] = []

@@ -25,15 +25,26 @@ Unknown is ``None``, never 0: an unknown prefill speed, load time or service tim
 the median over the candidates that know it, then to the documented default below, and the
 score's ``fallbacks`` (and the decision's reason, for the winner) say so.
 
-Room for later guards (bounded load, KV pressure threshold, session affinity): a guard sets a
-score's ``set_aside`` to its reason, and selection already skips any score that is set aside.
+Guards (spec §7 and the related systems' load guards), each with a documented default in
+``PolicyConfig``:
+
+* bounded load: a target already holding ``ceil((1 + epsilon) × (in_flight + 1) / n)`` of the
+  model's in-flight requests is set aside, so a hot prefix cannot melt one engine (some target
+  always qualifies; the guard steps back when it would leave none);
+* KV pressure: above ``kv_pressure_threshold`` the match is trusted less (the penalty above);
+* session affinity: a request naming its conversation (``RouteReq.affinity``: the target its
+  session last used) goes back there while that target is feasible and has a free slot;
+* hot-prefix spreading is the scheduler's (it prices extra owners of a hot root prefix as
+  holding it, through ``matched_tokens``).
+
+A guard sets a score's ``set_aside`` to its reason, and selection skips any score set aside.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal, TypeAlias
 
 PolicyName: TypeAlias = Literal["cost", "least-load"]
@@ -41,7 +52,7 @@ PolicyName: TypeAlias = Literal["cost", "least-load"]
 #: outweighed load; ``warm``: its loaded model did (whichever saved more against the least
 #: utilized other target); ``least_loaded``: it was strictly the least utilized, or it won on
 #: wait or prefill speed alone; ``only_choice``: no other candidate was feasible.
-Why: TypeAlias = Literal["only_choice", "least_loaded", "cache", "warm"]
+Why: TypeAlias = Literal["only_choice", "least_loaded", "cache", "warm", "affinity"]
 
 #: Seconds per uncached prompt token. Measured cold on CPU with Qwen2.5-0.5B, 3.1-15 ms.
 PREFILL_SEC_PER_TOKEN_DEFAULT: Final = 0.005
@@ -56,6 +67,11 @@ KV_PRESSURE_THRESHOLD: Final = 0.9
 
 #: ``Score.set_aside`` of a cold load that would evict a model with requests in flight.
 SET_ASIDE_WONT_FIT: Final = "cold load won't fit"
+#: ``Score.set_aside`` of a target over its bounded-load share of the model's requests.
+SET_ASIDE_BOUNDED_LOAD: Final = "bounded load"
+#: Bounded load: a target may hold (1 + epsilon) times the average share. 1.0, as the related
+#: system settled on after measuring 0.25 too tight for hot prefixes (assumed here).
+BOUNDED_LOAD_EPSILON: Final = 1.0
 #: ``Score.fallbacks`` entry of a cold load whose memory headroom is unknown (taken as feasible).
 FITS_IF_COLD_UNKNOWN: Final = "fits_if_cold=unknown"
 #: ``Score.fallbacks`` entry of a prefix match trusted in full because KV usage is unknown.
@@ -70,6 +86,7 @@ class RouteReq:
 
     prompt_tokens: int  # estimated: decoded request text bytes / 4
     seed: int  # random per request; breaks exact ties so identical requests don't herd
+    affinity: int | None = None  # the target this request's session used last, if any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +120,10 @@ class PolicyConfig:
     tie_window_sec: float = TIE_WINDOW_SEC
     #: KV usage above this discounts a prefix match linearly, to nothing at 100 %; 1.0: off.
     kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
+    #: Bounded load's epsilon; None: off.
+    bounded_load_epsilon: float | None = BOUNDED_LOAD_EPSILON
+    #: Send a request naming its session back to the session's last target while it can.
+    session_affinity: bool = True
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -114,6 +135,8 @@ class PolicyConfig:
             raise ValueError("tie_window_sec must be >= 0")
         if not 0 <= self.kv_pressure_threshold <= 1:
             raise ValueError("kv_pressure_threshold must be within 0..1")
+        if self.bounded_load_epsilon is not None and not self.bounded_load_epsilon >= 0:
+            raise ValueError("bounded_load_epsilon must be >= 0 (or None: off)")
 
 
 #: A score as a plain tuple in ``Score``'s field order: what the hot path builds (a frozen
@@ -196,6 +219,7 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
     out = _Scored()
     terms, ests, utils, feasible = out.terms, out.est, out.util, out.feasible
     best = math.inf
+    bound = _load_bound(candidates, cfg.bounded_load_epsilon if cfg.name == "cost" else None)
     for c in candidates:
         capacity = c.capacity
         if capacity < 1:
@@ -260,6 +284,9 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
                 distrust = min((kv - threshold) / (1.0 - threshold), 1.0) if threshold < 1 else 1.0
                 kv_penalty = matched * per_token * distrust
 
+        if set_aside is None and c.inflight >= bound:
+            set_aside = SET_ASIDE_BOUNDED_LOAD
+            out.aside[set_aside] = out.aside.get(set_aside, 0) + 1
         util = (capacity - free + c.queue_ahead) / capacity
         est: float | None = None
         if set_aside is None:
@@ -272,7 +299,25 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
         ests.append(est)
         utils.append(util)
     out.best = best
+    if not feasible and out.aside.get(SET_ASIDE_BOUNDED_LOAD):
+        # The guard never leaves no target: without it, every other one is infeasible anyway.
+        return _score(req, candidates, replace(cfg, bounded_load_epsilon=None))
     return out
+
+
+_UNBOUNDED: Final = 1 << 62
+
+
+def _load_bound(candidates: Sequence[Candidate], epsilon: float | None) -> int:
+    """The in-flight count at which bounded load sets a target aside:
+    ``ceil((1 + epsilon) × (in_flight + 1) / n)``; unbounded when off or alone."""
+    n = len(candidates)
+    if epsilon is None or n < 2:
+        return _UNBOUNDED
+    total = 0
+    for c in candidates:
+        total += c.inflight
+    return max(1, math.ceil((1 + epsilon) * (total + 1) / n))
 
 
 def score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> tuple[Score, ...]:
@@ -281,7 +326,7 @@ def score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> 
     return tuple(Score(*t) for t in _score(req, candidates, cfg).terms)
 
 
-def _mix(seed: int, target_id: int) -> int:
+def rank(seed: int, target_id: int) -> int:
     """splitmix64 of the seed and the target: a per-request random rank of each target."""
     z = (seed + (target_id + 1) * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -307,7 +352,7 @@ def _break_tie(
             least.append(i)
     if len(least) == 1:
         return least[0], "utilization"
-    return min(least, key=lambda i: _mix(seed, candidates[i].target_id)), "seed"
+    return min(least, key=lambda i: rank(seed, candidates[i].target_id)), "seed"
 
 
 def _no_target(scored: _Scored) -> Decision:
@@ -395,13 +440,25 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     if not feasible:
         return _no_target(scored)
     limit = scored.best + cfg.tie_window_sec
-    ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
-    win, tie = _break_tie(ties, candidates, scored.util, req.seed)
+    sticky = _affinity(req, candidates, scored, cfg)
+    if sticky is not None:
+        win, tie = sticky, None
+    else:
+        ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
+        win, tie = _break_tie(ties, candidates, scored.util, req.seed)
     c, s = candidates[win], Score(*scored.terms[win])
     assert s.est_ttft is not None
 
-    why: Why = "only_choice" if feasible == 1 else _why(candidates, scored, win, s)
+    why: Why
+    if feasible == 1:
+        why = "only_choice"
+    elif sticky is not None and (ests[win] or 0.0) > limit:
+        why = "affinity"
+    else:
+        why = _why(candidates, scored, win, s)
     parts = ["only choice", _label(c)] if why == "only_choice" else [_label(c)]
+    if sticky is not None:
+        parts.insert(0, "session affinity")
     matched = min(c.matched_tokens, req.prompt_tokens)
     if matched > 0:
         parts.append(f"{_tokens(matched)} cached tok")
@@ -418,6 +475,38 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     if tie is not None:
         parts.append(f"tie within {_secs(cfg.tie_window_sec)} broken by {tie}")
     return _decide(candidates, scored, win, why, parts)
+
+
+def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
+              cfg: PolicyConfig) -> int | None:
+    """The index of the session's last target when affinity applies: it is a candidate, no
+    guard set it aside, and it has a free slot."""
+    if req.affinity is None or not cfg.session_affinity:
+        return None
+    for i in scored.feasible:
+        if candidates[i].target_id == req.affinity:
+            return i if candidates[i].free_slots > 0 else None
+    return None
+
+
+#: The cost terms ``deciding_term`` compares.
+TERMS: Final = ("wait", "load", "prefill", "kv_penalty")
+
+
+def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
+    """The cost term that put the winner furthest ahead of the runner-up (the feasible
+    candidate with the next lowest estimate); None without a winner or a runner-up, or when
+    the winner was not ahead on any term (a tie broken by utilization or seed)."""
+    mine = next((s for s in scores if s.target_id == winner), None)
+    if mine is None:
+        return None
+    others = [s for s in scores if s.target_id != winner and s.est_ttft is not None]
+    if not others:
+        return None
+    runner = min(others, key=lambda s: (s.est_ttft or 0.0, s.target_id))
+    gains = {t: getattr(runner, t) - getattr(mine, t) for t in TERMS}
+    term = max(TERMS, key=lambda t: gains[t])
+    return term if gains[term] > 0 else None
 
 
 def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:

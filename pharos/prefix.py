@@ -250,6 +250,21 @@ def chain(model: str, messages: object, tools: object, prompt: object) -> Chain:
     return EMPTY
 
 
+def unfollowed(messages: object, prompt: object) -> str:
+    """Why ``chain`` gave no links for these fields (a counter label, never prompt text)."""
+    if isinstance(messages, list):
+        return "no_messages" if not messages else "unencodable"
+    if messages is not None:
+        return "messages_not_a_list"
+    if prompt is None:
+        return "no_prompt"
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return "batch_prompt"
+    if isinstance(prompt, str) and not prompt:
+        return "empty_prompt"
+    return "prompt_not_text"
+
+
 # --- index -------------------------------------------------------------------------------------
 
 

@@ -4,19 +4,28 @@ Picking a target and taking a slot on it is one synchronous step (the reactor is
 single-threaded), so two requests never both see one slot as free. A request that cannot be
 placed waits in its key's FIFO; keys are served by deficit round-robin on their weights, and
 every freed slot (and every scrape round) re-runs the next waiters through the policy.
+
+The scheduler also owns the learning around a decision (spec §6, §7): it looks the request's
+prefix chain up in the ``PrefixIndex`` (each target's predicted cached tokens enter the cost),
+gives a hot root prefix more than one owner (``pharos.hot``), remembers each session's last
+target for affinity, and on release records the prompt (a success), corrects the index (the
+engine cached far less than predicted) or forgets it (an error reply), counting every outcome.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred, fail
 
 from pharos.engine.signals import Residency
-from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick
+from pharos.hot import UTILIZATION, HotPrefixes
+from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
+from pharos.prefix import BYTES_PER_TOKEN, EMPTY, Chain, Match, PrefixIndex, Source, classify
 from pharos.state.registry import Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
@@ -26,6 +35,10 @@ QUEUE_LIMIT = 1000
 #: Slots of a target whose engine and config say nothing: saturated after this many requests
 #: or as soon as the engine reports a queue (assumed, spec §14 ledger).
 DEFAULT_CAPACITY = 2
+#: Sessions remembered for affinity (least recently used go first).
+SESSIONS = 100_000
+#: A root prefix shorter than this (estimated tokens) is not worth spreading.
+HOT_MIN_TOKENS = 256
 
 
 class UnknownModel(Exception):
@@ -49,6 +62,30 @@ class SchedRequest:
     seed: int
     exclude: frozenset[int] = frozenset()
     kind: str | None = None  # only backends of this kind (Ollama's native routes)
+    chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
+    session: str | None = None  # the conversation it names (x-session-id or ``user``)
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """The scheduler's side of the load guards; the policy's are in ``PolicyConfig``."""
+
+    #: A root prefix gets another owner once it would keep one owner busier than this; None:
+    #: no spreading.
+    hot_prefix_utilization: float | None = UTILIZATION
+    sessions: int = SESSIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A decision with what went into it (for the lease, explain and tests)."""
+
+    decision: Decision
+    candidates: tuple[Candidate, ...]
+    cold: dict[int, bool]
+    matches: dict[int, Match]  # the index's prediction per target (before hot pricing)
+    hot_owners: frozenset[int]  # targets priced as holding a hot root they do not hold
+    affinity: int | None  # the session's last target, if any
 
 
 @dataclass(eq=False)
@@ -61,6 +98,10 @@ class Lease:
     waited: bool
     cold: bool  # dispatched to a target whose model was cold
     released: bool = False
+    chain: Chain = EMPTY
+    predicted_tokens: int = 0  # the index's prediction for this target (0: none)
+    source: Source | None = None  # where the predicting slot came from
+    est_ttft: float | None = None  # the policy's estimate for this target, seconds
 
     def release(self, sample: Sample | None = None) -> None:
         """Free the slot and learn from the request; the next waiter runs at once."""
@@ -71,6 +112,7 @@ class Lease:
         t.inflight -= 1
         if sample is not None:
             self.sched.state.feedback(t, sample)
+            self.sched.learn(self, sample)
         else:
             t.last_release_at = self.sched.state.clock.seconds()
         self.sched.kick()
@@ -96,9 +138,21 @@ class Scheduler:
         queue_limit: int = QUEUE_LIMIT,
         default_capacity: int = DEFAULT_CAPACITY,
         seed: Callable[[], int] = lambda: random.getrandbits(63),
+        index: PrefixIndex | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
+        self.index = index if index is not None else PrefixIndex()
+        self.guards = guards or Guards()
+        self.hot = HotPrefixes()
+        self.sessions: OrderedDict[str, int] = OrderedDict()
+        #: Every finished request's prefix outcome (spec §13 ``prefix``).
+        self.outcomes: Counter[str] = Counter()
+        #: Requests with a prediction, by (slot source, outcome): per-source accuracy.
+        self.predictions: Counter[tuple[str, str]] = Counter()
+        #: Requests the index could not follow, by reason.
+        self.unfollowed: Counter[str] = Counter()
         self.queue_limit = queue_limit
         self.default_capacity = default_capacity
         self.seed = seed
@@ -119,7 +173,7 @@ class Scheduler:
         Fails at once with UnknownModel, Unavailable or QueueFull.
         """
         try:
-            self._targets(req)
+            self.targets(req)
         except (UnknownModel, Unavailable) as e:
             return fail(e)
         w = _Waiter(key, max(1, weight), req)
@@ -192,7 +246,8 @@ class Scheduler:
 
     # --- placing one request -------------------------------------------------------------
 
-    def _targets(self, req: SchedRequest) -> list[Target]:
+    def targets(self, req: SchedRequest) -> list[Target]:
+        """The up targets the request may go to; raises UnknownModel or Unavailable."""
         targets = [t for t in self.state.targets_for(req.model) if t.id not in req.exclude
                    and (req.kind is None or t.backend.kind == req.kind)]
         if not targets:
@@ -203,32 +258,117 @@ class Scheduler:
 
     def _try_place(self, w: _Waiter) -> Lease | None:
         try:
-            targets = self._targets(w.req)
+            targets = self.targets(w.req)
         except (UnknownModel, Unavailable) as e:
             self._fail_later(w, e)
             return None
-        decision, cold = self.decide(w.req, targets)
+        placed = self.decide(w.req, targets)
+        decision = placed.decision
         if decision.target_id is None or decision.enqueue:
             return None
         target = self.state.targets[decision.target_id]
         target.inflight += 1
-        return Lease(self, target, decision, waited=not w.arriving, cold=cold[target.id])
+        req = w.req
+        match = placed.matches.get(target.id)
+        est = next((t[1] for t in decision.score_terms if t[0] == target.id), None)
+        lease = Lease(self, target, decision, waited=not w.arriving, cold=placed.cold[target.id],
+                      chain=req.chain,
+                      predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,
+                      source=match.source if match else None, est_ttft=est)
+        self._dispatched(req, target)
+        return lease
+
+    def _dispatched(self, req: SchedRequest, target: Target) -> None:
+        """Count the root's demand and remember the session's target."""
+        now = self.state.clock.seconds()
+        if req.chain and self.guards.hot_prefix_utilization is not None:
+            service = target.stats.service_sec.value or self.policy.service_sec_default
+            self.hot.add(req.chain.keys[0], service, now)
+        if req.session is not None and self.policy.session_affinity:
+            self.sessions[req.session] = target.id
+            self.sessions.move_to_end(req.session)
+            while len(self.sessions) > self.guards.sessions:
+                self.sessions.popitem(last=False)
+
+    def learn(self, lease: Lease, sample: Sample) -> None:
+        """What the reply teaches the prefix index (spec §6): record a success, correct a
+        wrong prediction, forget an error reply; count the outcome."""
+        chain = lease.chain
+        if not chain:
+            return
+        t = lease.target
+        if not sample.ok:
+            self.index.forget(chain, t.id)
+            return
+        if sample.control:
+            return
+        predicted = lease.predicted_tokens or None
+        outcome = classify(predicted, sample.cached_tokens)
+        self.outcomes[outcome] += 1
+        if predicted is not None and lease.source is not None:
+            self.predictions[(lease.source, outcome)] += 1
+        if outcome == "wrong_prediction":
+            self.index.correct(chain, t.id)
+        else:
+            self.index.record(chain, t.id, t.gen, self.state.clock.seconds())
 
     def _fail_later(self, w: _Waiter, e: Exception) -> None:
         """A waiter whose model no up backend serves any more fails instead of waiting."""
         self._leave(w)
         w.d.errback(e)
 
-    def decide(self, req: SchedRequest, targets: list[Target]) -> tuple[Decision, dict[int, bool]]:
+    def decide(self, req: SchedRequest, targets: list[Target]) -> Placement:
         """The policy's decision over the candidates as they are now (no state changes)."""
         queued = sum(1 for q in self._queues.values() for w in q if w.req.model == req.model)
+        matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         cands = []
         cold: dict[int, bool] = {}
         for t in targets:
-            c = self.candidate(t, queued)
+            m = matches.get(t.id)
+            c = self.candidate(t, queued, m.matched_bytes // BYTES_PER_TOKEN if m else 0)
             cold[t.id] = c.warm is False and not c.loading
             cands.append(c)
-        return pick(RouteReq(req.prompt_tokens, req.seed), cands, self.policy), cold
+        owners = self._hot_owners(req, cands, matches)
+        if owners:
+            root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
+            cands = [dataclasses.replace(c, matched_tokens=root_tokens)
+                     if c.target_id in owners else c for c in cands]
+        affinity = None
+        if req.session is not None and self.policy.session_affinity:
+            affinity = self.sessions.get(req.session)
+        decision = pick(RouteReq(req.prompt_tokens, req.seed, affinity), cands, self.policy)
+        return Placement(decision, tuple(cands), cold, matches, owners, affinity)
+
+    def _gen(self, target_id: int) -> int | None:
+        targets = self.state.targets
+        return targets[target_id].gen if 0 <= target_id < len(targets) else None
+
+    def _hot_owners(self, req: SchedRequest, cands: list[Candidate],
+                    matches: dict[int, Match]) -> frozenset[int]:
+        """The targets to price as holding the request's root prefix although they do not:
+        when the root's demand needs ``k`` owners and fewer hold it, the next ones in a
+        rendezvous order of (root, target), so the extra owners are the same every time and
+        their caches become real."""
+        utilization = self.guards.hot_prefix_utilization
+        chain = req.chain
+        if utilization is None or not chain or len(cands) < 2:
+            return frozenset()
+        root_bytes = chain.ends[0]
+        if root_bytes // BYTES_PER_TOKEN < HOT_MIN_TOKENS:
+            return frozenset()
+        holders = {c.target_id for c in cands
+                   if (m := matches.get(c.target_id)) is not None
+                   and m.matched_bytes >= root_bytes}
+        if not holders:
+            return frozenset()
+        root = chain.keys[0]
+        slots = sum(c.capacity for c in cands) / len(cands)
+        k = self.hot.owners(root, self.state.clock.seconds(), slots, utilization)
+        if k <= len(holders):
+            return frozenset()
+        others = sorted((c.target_id for c in cands if c.target_id not in holders),
+                        key=lambda tid: rank(root, tid))
+        return frozenset(others[: k - len(holders)])
 
     def candidate(self, t: Target, queued: int, matched_tokens: int = 0) -> Candidate:
         """One target as the policy sees it: occupancy = max(our in-flight, the engine's fresh

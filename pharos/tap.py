@@ -15,9 +15,10 @@ from twisted.web.server import Site
 from pharos.config import Config, ConfigError, load_config
 from pharos.engine.fetch import make_client
 from pharos.policy import PolicyConfig
+from pharos.prefix import PrefixIndex
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.public import PublicAPI
-from pharos.sched import Scheduler
+from pharos.sched import Guards, Scheduler
 from pharos.state.state import LOAD_INTERVAL, State
 
 # A factory per engine connection would log its start and stop at info, twice a request.
@@ -69,7 +70,12 @@ class PharosService(MultiService):
         self.pool.cachedConnectionTimeout = POOL_IDLE_SEC
         self.client = make_client(reactor, self.pool)
         self.state = State(reactor, self.client, load_interval=load_interval)
-        self.sched = Scheduler(self.state, PolicyConfig(name=config.policy))
+        r = config.routing
+        policy = PolicyConfig(name=config.policy, kv_pressure_threshold=r.kv_pressure_threshold,
+                              bounded_load_epsilon=r.bounded_load_epsilon,
+                              session_affinity=r.session_affinity)
+        self.sched = Scheduler(self.state, policy, index=PrefixIndex(r.prefix_entries),
+                               guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization))
         self.state.on_round = lambda _backend: self.sched.kick()
         self.public = PublicAPI(self.state, self.sched, self.client, reactor)
         self.state.service.setServiceParent(self)

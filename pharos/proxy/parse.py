@@ -7,7 +7,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pharos.prefix import EMPTY, Chain, chain, unfollowed
 from pharos.proxy import errors
+
+#: Routes whose prompt the prefix index follows (spec §6): chat messages or a prompt string.
+CHAINED = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
+                     "/v1/messages"})
 
 #: Estimated tokens per byte of decoded prompt text (the spec's assumption: 4 bytes a token,
 #: measured 2.8-6.2 across languages and code).
@@ -26,6 +31,9 @@ class Parsed:
     control: bool  # an Ollama load/unload request (no messages or prompt)
     raw: bytes  # the body as the client sent it
     insert_usage: bool = False  # Pharos asked and the client sent no stream_options at all
+    chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
+    unfollowed: str | None = None  # why a chained route has no chain (a counter label)
+    user: str | None = None  # the body's ``user`` field: a conversation name for affinity
 
     def forward_body(self, served: str) -> bytes:
         """The body to send to the engine, naming the model as the engine knows it."""
@@ -109,5 +117,22 @@ def parse(raw: bytes, path: str) -> Parsed:
             body["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                       "include_usage": True}
             asked = True
+    links, why = _chain(path, model, body, messages, tools, prompt, control)
+    user = body.get("user")
     return Parsed(model, (size + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN, stream, body, asked,
-                  control, raw, insert_usage=asked and insert)
+                  control, raw, insert_usage=asked and insert, chain=links, unfollowed=why,
+                  user=user if isinstance(user, str) and user else None)
+
+
+def _chain(path: str, model: str, body: dict[str, Any], messages: Any, tools: Any, prompt: Any,
+           control: bool) -> tuple[Chain, str | None]:
+    """The prefix chain of a chained route, or why there is none."""
+    if path not in CHAINED or control:
+        return EMPTY, None
+    if path == "/v1/messages" and isinstance(messages, list) and body.get("system") is not None:
+        # Anthropic's system prompt is a field of its own; it heads the prompt all the same.
+        messages = [{"role": "system", "content": body["system"]}, *messages]
+    links = chain(model, messages, tools, None if isinstance(messages, list) else prompt)
+    if links:
+        return links, None
+    return EMPTY, unfollowed(messages, prompt)

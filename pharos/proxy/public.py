@@ -29,6 +29,8 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
 from pharos.proxy.errors import ApiError
+from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
+from pharos.proxy.explain import explain
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import EngineDied, Relay, collect, response_headers, send
 from pharos.proxy.tap import StreamTap
@@ -221,6 +223,20 @@ class PublicAPI:
         """Blob uploads belong to model management: 501."""
         raise ApiError(501, "Pharos does not manage models: /api/blobs is not supported")
 
+    # --- explain ---------------------------------------------------------------------------
+
+    @app.route("/admin/explain/<path:route>", methods=["POST"])
+    def explain(self, request: Request, route: str) -> bytes:
+        """What the policy would do with this request now; routes nothing, changes nothing.
+        Open while no keys are configured (keys, and the admin key, come with §11)."""
+        path = "/" + route.lstrip("/")
+        if path not in EXPLAIN_ROUTES:
+            known = ", ".join(sorted(EXPLAIN_ROUTES))
+            raise ApiError(404, f"cannot explain {path}: one of {known}", code="not_found")
+        parsed = self._parse(request, path)
+        doc = explain(self.sched, path, parsed, _session(request, parsed), self.seed())
+        return _json(request, 200, doc)
+
     # --- the data plane --------------------------------------------------------------------
 
     @app.route("/v1/chat/completions", methods=["POST"])
@@ -246,7 +262,10 @@ class PublicAPI:
 
     async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
         parsed = self._parse(request, path)
-        req = SchedRequest(parsed.model, parsed.prompt_tokens, self.seed(), kind=kind)
+        if parsed.unfollowed is not None:
+            self.sched.unfollowed[parsed.unfollowed] += 1
+        req = SchedRequest(parsed.model, parsed.prompt_tokens, self.seed(), kind=kind,
+                           chain=parsed.chain, session=_session(request, parsed))
         tried: set[int] = set()
         refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
         connect_failure: str | None = None
@@ -324,18 +343,25 @@ class PublicAPI:
         raise errors.upstream(f"no backend answered: {connect_failure}")
 
     def _start_reply(self, request: Request, response: IResponse, target: Target,
-                     reason: str) -> None:
+                     reason: str, lease: Lease | None = None) -> None:
         request.setResponseCode(response.code)
         for k, vs in response_headers(response):
             request.responseHeaders.setRawHeaders(k, vs)
         request.setHeader(b"x-pharos-backend", target.backend.url.encode())
         request.setHeader(b"x-pharos-reason", _ascii(reason))
+        if lease is not None:
+            if lease.chain:
+                request.setHeader(b"x-pharos-predicted-cached-tokens",
+                                  str(lease.predicted_tokens).encode())
+            if lease.est_ttft is not None:
+                request.setHeader(b"x-pharos-estimated-ttft-ms",
+                                  f"{lease.est_ttft * 1000:.1f}".encode())
 
     async def _relay(self, request: Request, response: IResponse, lease: Lease,
                      parsed: Parsed, path: str, sent_at: float) -> None:
         """Stream the reply back; feedback to the scheduler and state when it ends."""
         target = lease.target
-        self._start_reply(request, response, target, lease.decision.reason)
+        self._start_reply(request, response, target, lease.decision.reason, lease)
         tap = StreamTap(strip_usage_chunk=parsed.pharos_asked_usage,
                         embeddings=path in EMBEDDING_ROUTES)
         first: list[float] = []
@@ -363,6 +389,14 @@ class PublicAPI:
             await _cut(request)
         finally:
             lease.release(sample)
+
+
+def _session(request: Request, parsed: Parsed) -> str | None:
+    """The conversation a request names: ``x-session-id``, else the body's ``user``."""
+    header = request.getHeader(b"x-session-id")
+    if header:
+        return header[:256].decode("latin-1")
+    return parsed.user
 
 
 def _req(request: IRequest) -> Request:

@@ -1,0 +1,105 @@
+"""``POST /admin/explain/<route>``: what the policy would do with a request now, and why.
+
+The body is read as the route would read it (the same parse, the same chain), the scheduler
+builds the candidates and the policy decides, and nothing else happens: no slot is taken, no
+session or hot-prefix demand is counted, the index's LRU order is not touched, nothing is sent
+to any engine. The answer names each candidate's signals, predicted cached tokens, cost terms
+and any guard that set it aside, the winner, and the term that put it ahead of the runner-up.
+No prompt text appears in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pharos.engine.library import OLLAMA
+from pharos.policy import Score, deciding_term
+from pharos.proxy import errors
+from pharos.proxy.parse import Parsed
+from pharos.sched import Placement, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.state.registry import Target
+
+#: Routes explain accepts (the generation routes of §9).
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+                    "/api/chat", "/api/generate"})
+
+
+def explain(sched: Scheduler, route: str, parsed: Parsed, session: str | None,
+            seed: int) -> dict[str, Any]:
+    """The explanation document of one request on ``route`` (raises the route's errors)."""
+    kind = OLLAMA if route.startswith("/api/") else None
+    req = SchedRequest(parsed.model, parsed.prompt_tokens, seed, kind=kind, chain=parsed.chain,
+                       session=session)
+    try:
+        targets = sched.targets(req)
+    except UnknownModel:
+        raise errors.unknown_model(parsed.model) from None
+    except Unavailable:
+        raise errors.unavailable(parsed.model) from None
+    placed = sched.decide(req, targets)
+    by_id = {t.id: t for t in targets}
+    decision = placed.decision
+    scores = decision.scores
+    winner = by_id[decision.target_id].key if decision.target_id is not None else None
+    return {
+        "route": route,
+        "model": parsed.model,
+        "policy": sched.policy.name,
+        "prompt_tokens": parsed.prompt_tokens,
+        "chain_links": len(parsed.chain),
+        "unfollowed": parsed.unfollowed,
+        "session_target": (by_id[placed.affinity].key
+                           if placed.affinity is not None and placed.affinity in by_id else None),
+        "candidates": [_candidate(sched, by_id[s.target_id], s, placed, parsed.prompt_tokens)
+                       for s in scores],
+        "winner": winner,
+        "enqueue": decision.enqueue,
+        "reason": decision.reason,
+        "why": decision.why,
+        "decided_by": deciding_term(scores, decision.target_id),
+    }
+
+
+def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
+               prompt_tokens: int) -> dict[str, Any]:
+    c = next(c for c in placed.candidates if c.target_id == t.id)
+    v = sched.state.view(t)
+    match = placed.matches.get(t.id)
+    return {
+        "target": t.key,
+        "backend": t.backend.url,
+        "kind": t.backend.kind,
+        "signals": {
+            "up": v.up,
+            "residency": v.residency.value,
+            "running": v.running,
+            "waiting": v.waiting,
+            "capacity": v.capacity,
+            "kv_usage": v.kv_usage,
+            "size_bytes": v.size_bytes,
+            "load_fresh": v.load_fresh,
+        },
+        "inflight": t.inflight,
+        "capacity": c.capacity,
+        "free_slots": c.free_slots,
+        "queue_ahead": c.queue_ahead,
+        "predicted_cached_tokens": min(match.tokens, prompt_tokens) if match else 0,
+        "prediction_source": match.source if match else None,
+        "hot_prefix_owner": t.id in placed.hot_owners,
+        "priced_cached_tokens": c.matched_tokens,
+        "learned": {
+            "prefill_sec_per_token": c.prefill_sec_per_token,
+            "load_sec": c.load_sec,
+            "service_sec": c.service_sec,
+        },
+        "estimate": {
+            "wait_sec": s.wait,
+            "load_sec": s.load,
+            "prefill_sec": s.prefill,
+            "kv_penalty_sec": s.kv_penalty,
+            "ttft_sec": s.est_ttft,
+        },
+        "utilization": s.utilization,
+        "fallbacks": list(s.fallbacks),
+        "set_aside": s.set_aside,
+    }
