@@ -54,5 +54,7 @@ def vllm() -> Iterator[engines.RunningEngine]:
     ensure_installed("vllm")
     model = engines.hf_model_dir()
     assert model is not None
-    with engines.start_vllm(model, max_num_seqs=engines.VLLM_MAX_NUM_SEQS) as eng:
+    # Dev mode serves POST /reset_prefix_cache (loopback only), which the eviction test uses.
+    with engines.start_vllm(model, max_num_seqs=engines.VLLM_MAX_NUM_SEQS,
+                            extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as eng:
         yield eng

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest_twisted
+
+from tests.live.conftest import ensure_installed
 from tests.live.engines import engines
 from tests.live.load import (
     doctor,
@@ -13,6 +16,7 @@ from tests.live.load import (
     stop_all,
     wait_started,
 )
+from tests.live.routing import front
 
 SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
         "max_tokens": engines.LLAMA_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
@@ -97,3 +101,30 @@ def test_without_metrics_slots_give_running() -> None:
     assert sources["running"] == "llamacpp-slots-running"
     dropped = {d["probe"]: d["reason"] for d in r["dropped"]}
     assert dropped["llamacpp-running"] == "status 501"
+
+
+@pytest_twisted.ensureDeferred
+async def test_pharos_predicts_a_repeated_prefix_and_corrects_an_evicted_one() -> None:
+    """Through Pharos, on one slot without the host-memory prompt cache: a long system prompt
+    sent again is predicted and confirmed by timings.cache_n (predicted_hit); once another
+    prompt has taken the slot, the prediction is judged wrong and corrected."""
+    ensure_installed("llamacpp")
+    model = engines.gguf_tiny_model()
+    assert model is not None
+    system = engines.long_prompt(450, seed=29)
+    with engines.start_llama_server(model, parallel=1,
+                                    extra_args=["--cache-ram", "0"]) as eng:
+        pharos = await front(eng.url, "llamacpp")
+        try:
+            assert (await pharos.chat(system, "Which port?")).predicted == 0
+            second = await pharos.chat(system, "Which tide?")
+            assert second.predicted and second.predicted > 300, second
+            assert second.cached and second.cached > 0, second
+            assert pharos.sched.predictions[("local", "predicted_hit")] == 1
+            await pharos.chat(engines.long_prompt(450, seed=31), "Evict it")
+            third = await pharos.chat(system, "Which light?")
+            assert third.predicted and third.predicted > 300
+            assert pharos.sched.predictions[("local", "wrong_prediction")] == 1, third
+            assert (await pharos.chat(system, "Which buoy?")).predicted == 0
+        finally:
+            await pharos.stop()

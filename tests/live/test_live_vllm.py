@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest_twisted
+
 from tests.live.engines import engines
 from tests.live.load import (
     doctor,
@@ -13,6 +15,7 @@ from tests.live.load import (
     stop_all,
     wait_started,
 )
+from tests.live.routing import front
 
 # As long as the context allows (about 7 s for 8 streams on 2 cores): the read through a
 # doctor process must fall inside the first batch.
@@ -83,3 +86,30 @@ def test_repeated_long_prefix_reports_cached_tokens(vllm: engines.RunningEngine)
     replies = same_prompt_twice(vllm.url, seed=11)
     assert (replies[0]["usage"]["prompt_tokens_details"] or {}).get("cached_tokens", 0) == 0
     assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_pharos_predicts_a_repeated_prefix_and_corrects_an_evicted_one(
+        vllm: engines.RunningEngine) -> None:
+    """Through Pharos: a long system prompt sent again is predicted and the engine's cached
+    tokens confirm it (predicted_hit); after the engine drops its prefix cache, the prediction
+    is judged wrong and corrected, so the next request has none."""
+    wait_idle(vllm)
+    system = engines.long_prompt(450, seed=23)
+    pharos = await front(vllm.url, "vllm")
+    try:
+        first = await pharos.chat(system, "Which port?")
+        assert first.predicted == 0
+        second = await pharos.chat(system, "Which tide?")
+        assert second.predicted and second.predicted > 300, second
+        assert second.cached and second.cached > 0, second
+        assert pharos.sched.predictions[("local", "predicted_hit")] == 1
+        status, body = engines.http_post_json(vllm.url + "/reset_prefix_cache", {})
+        assert status == 200, body
+        third = await pharos.chat(system, "Which light?")
+        assert third.predicted and third.predicted > 300
+        assert pharos.sched.predictions[("local", "wrong_prediction")] == 1, third
+        fourth = await pharos.chat(system, "Which buoy?")
+        assert fourth.predicted == 0
+    finally:
+        await pharos.stop()
