@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
+from pharos.prefix import BYTES_PER_TOKEN, PrefixIndex, chain
 
 
 def mixed_candidates(n: int, rng: random.Random) -> list[Candidate]:
@@ -78,10 +79,58 @@ def bench_pick(candidates: int = 64, prompt_tokens: int = 8000, rounds: int = 20
 
         time_calls(one, 2000)  # warm up
         us = time_calls(one, rounds)
-        results[name] = {"p50_us": round(percentile(us, 50), 1),
-                         "p99_us": round(percentile(us, 99), 1),
-                         "mean_us": round(sum(us) / len(us), 1)}
+        results[name] = _summary(us)
+    results.update(_with_index(fleets, candidates, prompt_tokens, rounds, rng))
     return results
+
+
+def _summary(us: list[float]) -> dict[str, float]:
+    return {"p50_us": round(percentile(us, 50), 1), "p99_us": round(percentile(us, 99), 1),
+            "mean_us": round(sum(us) / len(us), 1)}
+
+
+def _with_index(fleets: list[list[Candidate]], n: int, prompt_tokens: int, rounds: int,
+                rng: random.Random) -> dict[str, Any]:
+    """The cost decision with the prefix index: the lookup of a ``prompt_tokens`` chat of 16
+    messages (recorded, to various depths, on a quarter of the targets, in an index of 50k
+    other entries), then ``pick`` over candidates priced with the matches; apart, the lookup
+    alone and the chain's hashing (done once per request while parsing)."""
+    import dataclasses
+
+    words = ("harbour", "pilot", "tide", "beacon", "channel", "buoy", "vessel", "keel")
+    per = prompt_tokens * BYTES_PER_TOKEN // 16
+    messages = []
+    for i in range(16):
+        text = " ".join(rng.choice(words) for _ in range(per // 7 + 1))[:per]
+        messages.append({"role": "system" if i == 0 else ("user", "assistant")[i % 2],
+                         "content": text})
+    ch = chain("m", messages, None, None)
+    index = PrefixIndex()
+    for k in range(50_000):
+        index.record([rng.getrandbits(64)], k % n, 0, float(k))
+    for tid in range(0, n, 4):
+        index.record(ch.keys[: rng.randint(1, len(ch))], tid, 0, 1.0)
+    gens = dict.fromkeys(range(n), 0)
+    cfg = PolicyConfig()
+    count = [0]
+
+    # The scheduler prices a match when it builds each candidate (outside these figures, as
+    # in "cost" above), so the fleets are priced once here from the same lookup.
+    found = index.lookup(ch, gens)
+    priced = [[dataclasses.replace(c, matched_tokens=m.matched_bytes // BYTES_PER_TOKEN)
+               if (m := found.get(c.target_id)) is not None else c for c in f] for f in fleets]
+
+    def one() -> object:
+        count[0] += 1
+        index.lookup(ch, gens)
+        return pick(RouteReq(prompt_tokens, count[0]), priced[count[0] % 64], cfg)
+
+    time_calls(one, 2000)
+    decision = time_calls(one, rounds)
+    lookup = time_calls(lambda: index.lookup(ch, gens), rounds)
+    hashing = time_calls(lambda: chain("m", messages, None, None), max(1000, rounds // 10))
+    return {"cost+index": _summary(decision), "lookup": _summary(lookup),
+            "chain": _summary(hashing)}
 
 
 def machine() -> dict[str, Any]:
@@ -110,6 +159,6 @@ def main_pick(argv: list[str]) -> int:
         print(f"routing decision, {a.candidates} candidates, {a.prompt_tokens}-token prompt, "
               f"{a.rounds} rounds ({r['date']}, Python {r['machine']['python']}, "
               f"{r['machine']['cpus']} CPUs)")
-        for name in ("cost", "least-load"):
+        for name in ("cost", "least-load", "cost+index", "lookup", "chain"):
             print(f"  {name:<11} p50 {r[name]['p50_us']:7.1f} us   p99 {r[name]['p99_us']:7.1f} us")
     return 0
