@@ -786,3 +786,26 @@ def test_load_config_reads_a_file(tmp_path: Path) -> None:
         load_config(missing)
     (message,) = info.value.errors
     assert message.startswith(f"{missing}: cannot read: ")
+
+
+def test_routing_section() -> None:
+    """The routing guards parse with their defaults, null turns a guard off, and bad values
+    are errors with their path."""
+    from pharos.config import ConfigError as _ConfigError
+    from pharos.config import Routing, parse_config
+
+    assert parse_config("").routing == Routing()
+    r = parse_config("routing:\n  bounded_load_epsilon: null\n  hot_prefix_utilization: 0.5\n"
+                     "  session_affinity: false\n  prefix_entries: 1000\n").routing
+    assert r.bounded_load_epsilon is None and r.hot_prefix_utilization == 0.5
+    assert r.session_affinity is False and r.prefix_entries == 1000
+    try:
+        parse_config("routing:\n  kv_pressure_threshold: 1.5\n  session_affinity: 1\n"
+                     "  prefix_entries: 0\n  epsilon: 2\n")
+    except _ConfigError as e:
+        text = str(e)
+    else:
+        raise AssertionError("accepted a bad routing section")
+    for path in ("routing.kv_pressure_threshold", "routing.session_affinity",
+                 "routing.prefix_entries", "unknown field 'epsilon'"):
+        assert path in text

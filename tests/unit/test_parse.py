@@ -92,3 +92,42 @@ def test_include_usage_inserted_without_reencoding() -> None:
                            b'"\\u00e9"}]')
     assert json.loads(sent) == {**json.loads(raw), "stream_options": {"include_usage": True}}
     assert json.loads(p.forward_body("engine-name"))["model"] == "engine-name"
+
+
+def test_chain_follows_chat_and_prompts_and_says_why_not() -> None:
+    """Chat routes and prompt routes get a chain; an escaped and a UTF-8 body give the same
+    one; a body the index cannot follow says why; embeddings and control requests have none."""
+    import json as _json
+
+    from pharos.proxy.parse import parse as _parse
+
+    body = {"model": "m", "messages": [{"role": "system", "content": "Лоцман " * 50},
+                                       {"role": "user", "content": "q"}]}
+    escaped = _parse(_json.dumps(body, ensure_ascii=True).encode(), "/v1/chat/completions")
+    plain = _parse(_json.dumps(body, ensure_ascii=False).encode(), "/v1/chat/completions")
+    assert len(escaped.chain) == 2 and escaped.chain == plain.chain
+    prompt = _parse(b'{"model":"m","prompt":"' + b"x" * 3000 + b'"}', "/v1/completions")
+    assert len(prompt.chain) == 3 and prompt.unfollowed is None
+    batch = _parse(b'{"model":"m","prompt":["a","b"]}', "/v1/completions")
+    assert not batch.chain and batch.unfollowed == "batch_prompt"
+    empty = _parse(b'{"model":"m","messages":[]}', "/v1/chat/completions")
+    assert empty.unfollowed == "no_messages"
+    embed = _parse(b'{"model":"m","input":"hi"}', "/v1/embeddings")
+    assert not embed.chain and embed.unfollowed is None
+    control = _parse(b'{"model":"m"}', "/api/generate")
+    assert control.control and control.unfollowed is None
+    user = _parse(b'{"model":"m","messages":[{"role":"user","content":"q"}],"user":"u7"}',
+                  "/v1/chat/completions")
+    assert user.user == "u7"
+
+
+def test_anthropic_system_heads_the_chain() -> None:
+    """On /v1/messages the separate system field is part of the chain: a different system
+    prompt gives a different first link."""
+    from pharos.proxy.parse import parse as _parse
+
+    a = _parse(b'{"model":"m","system":"A","messages":[{"role":"user","content":"q"}]}',
+               "/v1/messages")
+    b = _parse(b'{"model":"m","system":"B","messages":[{"role":"user","content":"q"}]}',
+               "/v1/messages")
+    assert len(a.chain) == 2 and a.chain.keys[0] != b.chain.keys[0]
