@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # These pass their whole argument list (--help included) to their own parsers.
     if argv[:1] == ["sim-engine"]:
         raise SystemExit(cmd_sim_engine(argparse.Namespace(rest=argv[1:])))
-    if argv[:1] == ["bench"] and argv[1:2] in (["pick"], ["overhead"]):
+    if argv[:1] == ["bench"] and argv[1:2] in [[w] for w in BENCH]:
         raise SystemExit(cmd_bench(argparse.Namespace(what=argv[1], rest=argv[2:])))
     parser = _parser()
     args = parser.parse_args(argv)
@@ -61,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for each path (default 5)")
     doctor.set_defaults(func=cmd_doctor)
 
-    bench = sub.add_parser("bench", help="benchmarks: pick, overhead (reported, not asserted)")
-    bench.add_argument("what", choices=["pick", "overhead"])
+    bench = sub.add_parser("bench", help="benchmarks: pick, overhead, run, compare, report "
+                                         "(reported, not asserted)")
+    bench.add_argument("what", choices=BENCH)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
 
@@ -72,8 +73,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``pharos bench`` subcommands.
+BENCH = ("pick", "overhead", "run", "compare", "report")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``pharos bench pick|overhead ...``."""
+    """``pharos bench pick|overhead|run|compare|report ...``."""
+    if args.what in ("run", "compare"):
+        from twisted.internet import reactor
+
+        if args.what == "run":
+            from pharos.bench.run import main_run
+
+            return main_run(args.rest, reactor)
+        from pharos.bench.compare import main_compare
+
+        return main_compare(args.rest, reactor)
+    if args.what == "report":
+        from pharos.bench.report import main_report
+
+        return main_report(args.rest)
     if args.what == "pick":
         from pharos.sim.bench import main_pick
 

@@ -1,0 +1,9 @@
+"""The open-loop benchmark harness (spec §14 layer 5): ``pharos bench run`` sends a seeded
+workload at its scheduled times, ``compare`` runs every policy on fresh simulated fleets, and
+``report`` turns result files alone into tables and charts.
+
+One job per module: ``records`` (what one request measured), ``stream`` (reading one streamed
+reply), ``summary`` (the statistics of a run), ``openloop`` (sending on schedule),
+``result`` (the result file), ``progress`` (the terminal line), ``processes`` (child processes
+and their readiness), ``run``, ``compare`` and ``report`` (the three subcommands).
+"""

@@ -1,0 +1,223 @@
+"""``pharos bench compare``: every policy on the same requests, each run on a fresh fleet.
+
+For each rate, each seed (a repetition with its own workload) and each policy, innermost so
+that any drift of the machine over a long comparison falls on every policy alike: fresh engine
+doubles, and for a Pharos policy a fresh Pharos in front of them, then the same requests at the
+same times (one workload per rate and seed), the warm-up discarded, everything stopped, one
+result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The cache-blind
+baselines (``round-robin``, ``random``) are the harness dispatching straight to the engines.
+Medians over seeds are the report's business.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from pharos.bench.fleet import Fleet, FleetSpec
+from pharos.bench.openloop import DISPATCH, OpenLoop
+from pharos.bench.processes import StartError
+from pharos.bench.result import read_result, write_result
+from pharos.bench.run import RunSpec, add_workload_options, drive, execute, workload_args
+from pharos.bench.summary import Slo
+from pharos.config import POLICIES
+from pharos.engine.library import OLLAMA
+from pharos.sim.double import KINDS
+from pharos.sim.workloads import Request
+
+#: Every policy ``compare`` can run: the harness's baselines, then Pharos's own.
+ALL_POLICIES: tuple[str, ...] = (*DISPATCH, *POLICIES)
+#: The model name the vLLM and llama.cpp doubles serve unless told otherwise.
+DOUBLE_MODEL = "tiny"
+#: Default size of each model an Ollama double is given for the workload, GB.
+DEFAULT_MODEL_GB = 4.0
+
+
+def rate_name(rate: float) -> str:
+    """A rate as a directory name: ``6``, ``0.5``."""
+    return f"{rate:g}"
+
+
+def result_path(out: Path, workload: str, rate: float, policy: str, seed: int) -> Path:
+    """Where one run's result file goes."""
+    return out / workload / rate_name(rate) / f"{policy}-seed{seed}.json"
+
+
+def plan(rates: Sequence[float], seeds: Sequence[int], policies: Sequence[str]
+         ) -> list[tuple[float, int, str]]:
+    """The runs in order: rates, then seeds, then policies innermost."""
+    return [(r, s, p) for r in rates for s in seeds for p in policies]
+
+
+def served_models(kind: str, engine_args: Sequence[str], requests: Sequence[Request],
+                  model_gb: float) -> dict[str, float] | None:
+    """The models the doubles must serve for ``requests`` (name → GB), unless the engine
+    arguments name them: on Ollama, every requested model at ``model_gb`` (its catalogue is
+    the capture's otherwise); elsewhere, only when the workload asks for other than the
+    doubles' own model."""
+    if any(a.split("=", 1)[0] in ("--model", "--served-model-name") for a in engine_args):
+        return None
+    names = sorted({r.model for r in requests})
+    if kind == OLLAMA:
+        return {n: model_gb for n in names}
+    if names != [DOUBLE_MODEL]:
+        return {n: 0.0 for n in names}
+    return None
+
+
+def _same_run(path: Path, spec: dict[str, Any]) -> bool:
+    """Whether ``path`` already holds the result of the run ``spec`` describes."""
+    doc = read_result(path)
+    if doc is None:
+        return False
+    keys = ("workload", "rate", "duration", "seed", "warmup", "workload_args", "policy", "slo",
+            "timeout", "max_requests", "fleet")
+    return all(doc["spec"].get(k) == spec.get(k) for k in keys)
+
+
+class Comparison:
+    """The runs of one ``compare`` command; ``shutdown`` ends the current one early."""
+
+    def __init__(self, reactor: Any, a: argparse.Namespace) -> None:
+        self.reactor = reactor
+        self.a = a
+        self.fleet: Fleet | None = None
+        self.loop: OpenLoop | None = None
+        self.failed = 0
+        self._workload: tuple[tuple[float, int], list[Request]] | None = None
+
+    async def run(self) -> int:
+        a = self.a
+        runs = plan(a.rate, a.seeds, a.policies)
+        warmup = a.warmup if a.warmup is not None else a.duration / 10
+        for k, (rate, seed, policy) in enumerate(runs, 1):
+            base = RunSpec(workload=a.workload, rate=rate, duration=a.duration, seed=seed,
+                           urls=(), warmup=warmup, workload_args=workload_args(a.workload_arg),
+                           slo=Slo(a.slo_ttft, a.slo_tpot), timeout=a.timeout,
+                           max_requests=a.max_requests)
+            requests = self._requests(base)
+            fleet = FleetSpec(engines=a.engines, kind=a.kind, engine_args=tuple(a.engine_arg),
+                              models=served_models(a.kind, a.engine_arg, requests, a.model_gb),
+                              policy=policy if policy in POLICIES else None)
+            spec = replace(base, policy=policy,
+                           dispatch=policy if policy in DISPATCH else None)
+            path = result_path(a.out, a.workload, rate, policy, seed)
+            head = f"[{k}/{len(runs)}] {a.workload} rate {rate:g} seed {seed} {policy}"
+            if a.resume and _same_run(path, {**spec.to_json(), "fleet": fleet.to_json()}):
+                print(f"{head}: done already ({path})", flush=True)
+                continue
+            print(f"{head}: {len(requests)} requests", flush=True)
+            await self._one(spec, fleet, requests, path, head)
+        return 1 if self.failed else 0
+
+    def _requests(self, base: RunSpec) -> list[Request]:
+        """The workload of ``base``, generated once for all the policies of a rate and seed."""
+        key = (base.rate, base.seed)
+        if self._workload is None or self._workload[0] != key:
+            self._workload = (key, base.requests())
+        return self._workload[1]
+
+    async def _one(self, spec: RunSpec, fleet_spec: FleetSpec, requests: list[Request],
+                   path: Path, head: str) -> None:
+        logs = self.a.out / "logs" / spec.workload / rate_name(spec.rate) / path.stem
+        self.fleet = fleet = Fleet(self.reactor, logs)
+        try:
+            urls = await fleet.start(fleet_spec)
+            spec = replace(spec, urls=tuple(urls))
+            extra = {"fleet": fleet_spec.to_json(), "engine_urls": fleet.engine_urls}
+            cpu = fleet.cpu_seconds()
+            doc = await execute(self.reactor, spec, requests, extra, label=head,
+                                started=self._started)
+            for name, after in fleet.cpu_seconds().items():
+                before = cpu.get(name)
+                doc["summary"]["cpu_s"][name] = None if after is None or before is None \
+                    else round(after - before, 3)
+            write_result(path, doc)
+            s = doc["summary"]
+            p99 = s["ttft_s"]["p99"]
+            print(f"{head}: p99 TTFT {'-' if p99 is None else f'{p99 * 1000:.0f} ms'}, "
+                  f"goodput {s['goodput_rps'] or 0:.2f} req/s, errors "
+                  f"{sum(s['errors'].values())}, wrote {path}", flush=True)
+        except StartError as e:
+            self.failed += 1
+            print(f"{head}: failed to start: {e}", file=sys.stderr, flush=True)
+        finally:
+            self.loop = None
+            self.fleet = None
+            await fleet.stop()
+
+    def _started(self, loop: OpenLoop) -> None:
+        self.loop = loop
+
+    def shutdown(self) -> Deferred[None]:
+        """The reactor is stopping (Ctrl-C): abort the current run, stop its processes."""
+        if self.loop is not None:
+            self.loop.abort()
+        if self.fleet is None:
+            return Deferred.fromCoroutine(_nothing())
+        return Deferred.fromCoroutine(self.fleet.stop())
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
+    def parse(text: str) -> list[Any]:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        bad = [v for v in values if choices is not None and v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {', '.join(choices or ('values',))}")
+        return values
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``compare`` arguments."""
+    p = argparse.ArgumentParser(
+        prog="pharos bench compare",
+        description="Run every policy on the same requests, each on a fresh simulated fleet, "
+                    "one result file per run.")
+    add_workload_options(p)
+    p.add_argument("--rate", type=float, action="append", required=True,
+                   help="mean requests per second (repeatable)")
+    p.add_argument("--seeds", type=_csv(int), default=[1], help="repetitions, e.g. 1,2,3")
+    p.add_argument("--engines", type=int, default=3, help="engine doubles per fleet")
+    p.add_argument("--kind", choices=KINDS, default="vllm", help="engine kind to simulate")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="an option for every engine double, as pharos sim-engine takes it "
+                        "(repeatable), e.g. --engine-arg=--slots=8")
+    p.add_argument("--model-gb", type=float, default=DEFAULT_MODEL_GB,
+                   help="size of each model an Ollama double serves for the workload "
+                        f"(default {DEFAULT_MODEL_GB:g})")
+    p.add_argument("--policies", type=_csv(str, ALL_POLICIES), default=list(ALL_POLICIES),
+                   help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default: all)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip runs whose result file already matches their specification")
+    p.add_argument("--out", type=Path, required=True, help="directory for the result files")
+    return p
+
+
+def main_compare(argv: Sequence[str], reactor: Any) -> int:
+    """``pharos bench compare ...`` on ``reactor`` (the console script passes the global
+    one)."""
+    a = parser().parse_args(argv)
+    if a.engines < 1:
+        parser().error("--engines must be at least 1")
+    try:
+        # the generator's own checks, on a short stretch of the workload
+        RunSpec(workload=a.workload, rate=a.rate[0], duration=min(a.duration, 1.0),
+                seed=a.seeds[0], urls=(), workload_args=workload_args(a.workload_arg)).requests()
+    except (TypeError, ValueError) as e:
+        print(f"pharos bench compare: {e}", file=sys.stderr)
+        return 2
+    comparison = Comparison(reactor, a)
+    reactor.addSystemEventTrigger("before", "shutdown", comparison.shutdown)
+    return drive(reactor, lambda: Deferred.fromCoroutine(comparison.run()))
