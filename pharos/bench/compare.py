@@ -104,7 +104,8 @@ class Comparison:
             requests = self._requests(base)
             fleet = FleetSpec(engines=a.engines, kind=a.kind, engine_args=tuple(a.engine_arg),
                               models=served_models(a.kind, a.engine_arg, requests, a.model_gb),
-                              policy=policy if policy in POLICIES else None)
+                              policy=policy if policy in POLICIES else None,
+                              capacity=a.backend_capacity)
             spec = replace(base, policy=policy,
                            dispatch=policy if policy in DISPATCH else None)
             path = result_path(a.out, a.workload, rate, policy, seed)
@@ -197,6 +198,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-gb", type=float, default=DEFAULT_MODEL_GB,
                    help="size of each model an Ollama double serves for the workload "
                         f"(default {DEFAULT_MODEL_GB:g})")
+    p.add_argument("--backend-capacity", type=int, default=None, metavar="N",
+                   help="each backend's capacity in Pharos's config (default: none, Pharos "
+                        "reads it from the engine or assumes one)")
     p.add_argument("--policies", type=_csv(str, ALL_POLICIES), default=list(ALL_POLICIES),
                    help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default: all)")
     p.add_argument("--resume", action="store_true",

@@ -39,13 +39,15 @@ class FleetSpec:
     engine_args: tuple[str, ...] = ()
     models: Mapping[str, float] | None = None
     policy: str | None = None
+    #: Each backend's ``capacity`` in Pharos's config (``None``: Pharos reads or assumes it).
+    capacity: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``fleet`` part of a result file's spec."""
         return {"engines": self.engines, "kind": self.kind,
                 "engine_args": list(self.engine_args),
                 "models": dict(self.models) if self.models else None,
-                "pharos_policy": self.policy}
+                "pharos_policy": self.policy, "capacity": self.capacity}
 
 
 def engine_command(spec: FleetSpec) -> list[str]:
@@ -57,11 +59,14 @@ def engine_command(spec: FleetSpec) -> list[str]:
             *models, *spec.engine_args]
 
 
-def pharos_config(port: int, urls: Sequence[str], kind: str, policy: str) -> str:
+def pharos_config(port: int, urls: Sequence[str], kind: str, policy: str,
+                  capacity: int | None = None) -> str:
     """Pharos's YAML config: the engines as static backends, the policy."""
     lines = [f"listen: 127.0.0.1:{port}", f"policy: {policy}", "backends:"]
     for url in urls:
         lines += [f"  - url: {url}", f"    kind: {kind}"]
+        if capacity is not None:
+            lines.append(f"    capacity: {capacity}")
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +95,8 @@ class Fleet:
                 return list(self.engine_urls)
             port = free_port()
             config = self.logs / "pharos.yaml"
-            config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy))
+            config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy,
+                                         spec.capacity))
             pharos = spawn(self.reactor, "pharos",
                            [*console_script("twistd"), "-n", "--pidfile=", "pharos", "-c",
                             str(config)], self.logs / "pharos.log", cwd=self.logs,
