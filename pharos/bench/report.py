@@ -244,8 +244,13 @@ def render(docs: Sequence[dict[str, Any]], out: Path, source: str) -> str:
                   verdict("goodput", wr, "goodput", lowest=False).sentence(), ""]
         lines += table(wr)
         lines.append("")
-        for name in charts(workload, wr, out):
-            lines.append(f"![{name}]({name})")
+        try:
+            names = charts(workload, wr, out)
+        except ImportError:
+            names = []
+            lines.append("(No charts: matplotlib is not installed; "
+                         "`pip install pharos-router[bench]`.)")
+        lines += [f"![{name}]({name})" for name in names]
     return "\n".join(lines) + "\n"
 
 
