@@ -90,6 +90,7 @@ class Comparison:
         self.fleet: Fleet | None = None
         self.loop: OpenLoop | None = None
         self.failed = 0
+        self.stopping = False
         self._workload: tuple[tuple[float, int], list[Request]] | None = None
 
     async def run(self) -> int:
@@ -97,6 +98,8 @@ class Comparison:
         runs = plan(a.rate, a.seeds, a.policies)
         warmup = a.warmup if a.warmup is not None else a.duration / 10
         for k, (rate, seed, policy) in enumerate(runs, 1):
+            if self.stopping:
+                break
             base = RunSpec(workload=a.workload, rate=rate, duration=a.duration, seed=seed,
                            urls=(), warmup=warmup, workload_args=workload_args(a.workload_arg),
                            slo=Slo(a.slo_ttft, a.slo_tpot), timeout=a.timeout,
@@ -139,6 +142,9 @@ class Comparison:
                 before = cpu.get(name)
                 doc["summary"]["cpu_s"][name] = None if after is None or before is None \
                     else round(after - before, 3)
+            if self.stopping:
+                print(f"{head}: interrupted, no result written", file=sys.stderr, flush=True)
+                return
             write_result(path, doc)
             s = doc["summary"]
             p99 = s["ttft_s"]["p99"]
@@ -146,6 +152,9 @@ class Comparison:
                   f"goodput {s['goodput_rps'] or 0:.2f} req/s, errors "
                   f"{sum(s['errors'].values())}, wrote {path}", flush=True)
         except StartError as e:
+            if self.stopping:
+                print(f"{head}: interrupted while starting", file=sys.stderr, flush=True)
+                return
             self.failed += 1
             print(f"{head}: failed to start: {e}", file=sys.stderr, flush=True)
         finally:
@@ -156,17 +165,14 @@ class Comparison:
     def _started(self, loop: OpenLoop) -> None:
         self.loop = loop
 
-    def shutdown(self) -> Deferred[None]:
-        """The reactor is stopping (Ctrl-C): abort the current run, stop its processes."""
-        if self.loop is not None:
-            self.loop.abort()
-        if self.fleet is None:
-            return Deferred.fromCoroutine(_nothing())
-        return Deferred.fromCoroutine(self.fleet.stop())
-
-
-async def _nothing() -> None:
-    return None
+    def shutdown(self) -> Deferred[None] | None:
+        """The reactor is stopping (Ctrl-C, SIGTERM): abort the current run (its result is
+        not written) and wait until its processes are stopped."""
+        self.stopping = True
+        fleet, loop = self.fleet, self.loop
+        if loop is not None:
+            loop.abort()
+        return fleet.stop() if fleet is not None else None
 
 
 def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from pharos.bench.openloop import new_pool
 from pharos.bench.processes import (
@@ -80,6 +80,7 @@ class Fleet:
         self.children: list[Child] = []
         self.engine_urls: list[str] = []
         self.pharos_url: str | None = None
+        self._stopping: Deferred[None] | None = None
 
     async def start(self, spec: FleetSpec) -> list[str]:
         """Start the fleet; the base URLs the harness sends to (Pharos's, or the engines')."""
@@ -88,11 +89,17 @@ class Fleet:
             engines = [spawn(self.reactor, f"engine {n}", engine_command(spec),
                              self.logs / f"engine-{n}.log") for n in range(spec.engines)]
             self.children += engines
-            self.engine_urls = list(await gatherResults([c.url for c in engines]))
+            try:
+                self.engine_urls = list(await gatherResults([c.url for c in engines],
+                                                            consumeErrors=True))
+            except FirstError as e:
+                e.subFailure.raiseException()
             for child, url in zip(engines, self.engine_urls, strict=True):
                 await wait_until(self.reactor, child, url + ENGINE_READY, pool)
             if spec.policy is None:
                 return list(self.engine_urls)
+            if self._stopping is not None:
+                raise StartError("stopped while starting")
             port = free_port()
             config = self.logs / "pharos.yaml"
             config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy,
@@ -116,8 +123,21 @@ class Fleet:
         """CPU seconds each process has used so far (``engine <n>``, ``pharos``)."""
         return {c.name: c.cpu_seconds() for c in self.children}
 
-    async def stop(self) -> None:
-        """Stop Pharos first, then the engines, each with bounded waits."""
+    def stop(self) -> Deferred[None]:
+        """Stop Pharos first, then the engines, each with bounded waits. Every call fires
+        once all of them are stopped, however many calls there are."""
+        if self._stopping is None:
+            self._stopping = Deferred.fromCoroutine(self._stop())
+        d: Deferred[None] = Deferred()
+
+        def relay(result: object) -> object:
+            d.callback(None)
+            return result
+
+        self._stopping.addBoth(relay)
+        return d
+
+    async def _stop(self) -> None:
         children, self.children = self.children, []
         engines = [c for c in children if c.name != "pharos"]
         for c in children:

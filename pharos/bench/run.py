@@ -5,6 +5,7 @@ one result file."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ReactorNotRunning
 from twisted.python.failure import Failure
 
 from pharos.bench.openloop import DEFAULT_TIMEOUT, DISPATCH, OpenLoop
@@ -176,7 +178,7 @@ def drive(reactor: Any, job: Callable[[], Deferred[int]]) -> int:
                 result.printTraceback(file=sys.stderr)
             else:
                 code[0] = result
-            if reactor.running:
+            with contextlib.suppress(ReactorNotRunning):  # stopping already (a signal)
                 reactor.stop()
 
         d.addBoth(done)
