@@ -2,8 +2,10 @@
 
 - ``pharos.sim.double``: ``EngineDouble``, ``start_double``: an Ollama, llama.cpp or vLLM
   look-alike on a loopback port, with test controls.
-- ``pharos.sim.model``: ``EngineModel`` (the behaviour interface), ``SimpleModel`` and its
-  ``Knobs`` (prefill, decode, load, host memory, prefix cache, output cap, keep-alive).
+- ``pharos.sim.model``: ``EngineModel`` (the behaviour interface) and its ``Knobs`` (prefill,
+  decode, load, host memory, context and cache, output cap, keep-alive).
+- ``pharos.sim.slots``: ``SlotModel``, llama.cpp's and Ollama's behaviour: slots caching on
+  their own, one batch step at a time, models loaded and unloaded against host memory.
 - ``pharos.sim.wire``: reply templates and serializers shared by the engines' wire formats in
   ``pharos.sim.ollama``, ``pharos.sim.llamacpp`` and ``pharos.sim.vllm``.
 - ``pharos.sim.prompt``: prompt text, size and prefix blocks of a client request.

@@ -1,7 +1,7 @@
 """In-process engine doubles: an Ollama, llama.cpp or vLLM look-alike on a loopback port.
 
 A double is a wire format (a ``Flavor``, cloned from the engine's pinned capture) in front of
-a behaviour model (an ``EngineModel``; ``SimpleModel`` by default). The twisted.web resource
+a behaviour model (an ``EngineModel``, by kind from ``default_model``). The twisted.web resource
 here only moves bytes between the two: it turns a request into a ``GenRequest``, writes each
 token as the model produces it (a streaming push producer, so a slow reader pauses the writes
 instead of filling the socket buffer), and cancels the job when the client leaves, which frees
@@ -52,7 +52,6 @@ from pharos.sim.model import (
     Job,
     Knobs,
     ModelTooLarge,
-    SimpleModel,
     UnknownModel,
 )
 from pharos.sim.ollama import KEEP_ALIVE_S, OllamaFlavor
@@ -67,6 +66,7 @@ from pharos.sim.prompt import (
     prompt_text,
     reply_key,
 )
+from pharos.sim.slots import SimpleModel, SlotModel
 from pharos.sim.vllm import VllmFlavor
 from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 
@@ -508,8 +508,8 @@ def default_model(kind: str, clock: IReactorTime, catalogue: Mapping[str, int], 
     if kind == VLLM:
         return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
     if kind == LLAMACPP:
-        return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
-    return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+        return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+    return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
 
 
 def start_double(

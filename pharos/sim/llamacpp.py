@@ -1,11 +1,12 @@
 """llama.cpp b11312's wire format, cloned from ``fixtures/llamacpp/b11312/idle`` (live).
 
 The double owns ``/props`` (``total_slots``, ``model_alias``), ``/slots`` (one entry per slot;
-a busy slot takes the shape of the busy capture's), ``/metrics`` (requests processing and
-deferred, token counters) and ``/v1/models``. Bodies are compact JSON in the recorded key
-order (nlohmann). Cached tokens show as ``timings.cache_n`` and
-``usage.prompt_tokens_details.cached_tokens``. llama.cpp serves its one model whatever name a
-request gives.
+a busy slot takes the shape of the busy capture's, an idle one that has served keeps its last
+task's id and prompt size as the prefix capture shows; ``n_ctx`` stays the recorded one),
+``/metrics`` (requests processing and deferred, token counters) and ``/v1/models``. Bodies
+are compact JSON in the recorded key order (nlohmann). Cached tokens show as
+``timings.cache_n`` and ``usage.prompt_tokens_details.cached_tokens``. llama.cpp serves its
+one model whatever name a request gives.
 """
 
 from __future__ import annotations
@@ -87,12 +88,32 @@ class LlamacppFlavor(Flavor):
 
     def _slots(self, status: EngineStatus) -> bytes:
         by_slot = {j.slot: j for j in status.jobs}
+        served = {j.slot: j for j in status.served}
         out = []
         for i in range(status.slots):
             job = by_slot.get(i)
-            out.append(self._busy(i, job) if job is not None else
-                       dict(copy.deepcopy(self._idle_slot), id=i))
+            last = served.get(i)
+            if job is not None:
+                out.append(self._busy(i, job))
+            elif last is not None:
+                out.append(self._served(i, last))
+            else:
+                out.append(dict(copy.deepcopy(self._idle_slot), id=i))
         return compact_json(out).encode()
+
+    def _served(self, slot: int, job: Job) -> dict[str, Any]:
+        """An idle slot that has served: the last task's id and prompt size stay, its counts
+        are reset (the shape of the prefix capture's slot 1)."""
+        s = self._busy(slot, job)
+        s["is_processing"] = False
+        _put(s, "n_prompt_tokens_processed", 0)
+        _put(s, "n_prompt_tokens_cache", 0)
+        for nxt in s.get("next_token") or ():
+            _put(nxt, "has_next_token", False)
+            _put(nxt, "has_new_line", False)
+            _put(nxt, "n_remain", -1)
+            _put(nxt, "n_decoded", 0)
+        return s
 
     def _busy(self, slot: int, job: Job) -> dict[str, Any]:
         s = copy.deepcopy(self._busy_slot)

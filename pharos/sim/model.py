@@ -3,16 +3,11 @@
 The wire layer (``pharos.sim.double`` and the per-engine modules) only ever talks to an
 ``EngineModel``: it submits a ``GenRequest`` with a ``JobListener``, hears each token and the
 end, cancels when the client leaves, and reads ``EngineStatus`` for the status bodies. The
-model decides everything about time, capacity, memory and caching, so a more faithful one
-(continuous batching with a token budget, a KV block pool, per-slot caching, preemption) can
-replace ``SimpleModel`` without touching how a double speaks.
-
-``SimpleModel`` is deliberately plain. Every request takes a slot of its model (excess requests
-wait in arrival order); a cold model loads first (``load_s``), after evicting least recently
-used idle models when host memory is short; then the prompt's uncached tokens are prefilled
-(``prefill_s`` each) and the first token comes out; then one token per ``decode_s``. Slots do
-not slow each other down. One LRU prefix cache of 16-token blocks per model reports the cached
-tokens. Every number is a ``Knobs`` field, and every default is an *assumed* value of the
+model decides everything about time, capacity, memory and caching, so each engine's behaviour
+(``pharos.sim.slots.SlotModel``: llama.cpp's and Ollama's slots, each caching on its own)
+can change without touching how a double speaks. This module holds what the models share:
+the knobs, requests and jobs, status, timers that hold, a prefix cache and the generated
+text. Every number is a ``Knobs`` field, and every default is an *assumed* value of the
 spec's assumptions ledger: the doubles must not pretend to know more than that.
 
 Time comes from an injected ``IReactorTime``; nothing here blocks, and ``hold()`` freezes the
@@ -21,15 +16,14 @@ model's clock (requests keep their slots, nothing progresses) until ``release()`
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from pharos.sim.prompt import BLOCK_TOKENS, chain_blocks, count_tokens
+from pharos.sim.prompt import BLOCK_TOKENS, count_tokens
 
 # --- the knobs -------------------------------------------------------------------------------
 
@@ -58,7 +52,7 @@ UNLOAD = "unload"
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
-    """The numbers of the simple model. Defaults are the ledger's assumed values.
+    """The numbers of the behaviour models. Defaults are the ledger's assumed values.
 
     ``prefill_s``: seconds per uncached prompt token. ``decode_s``: seconds per generated
     token. ``load_s``: seconds to load a cold model. ``host_memory``: bytes the loaded models
@@ -222,6 +216,8 @@ class EngineStatus:
     models: tuple[ModelStatus, ...]
     jobs: tuple[Job, ...]
     kv_capacity: int
+    #: Idle slots' last jobs (finished or dropped), each with its ``slot`` (slot models).
+    served: tuple[Job, ...] = ()
     prompt_tokens_total: int = 0
     computed_tokens_total: int = 0
     cached_tokens_total: int = 0
@@ -399,7 +395,7 @@ class PrefixCache:
         self._blocks.clear()
 
 
-# --- the simple model ------------------------------------------------------------------------
+# --- generated text --------------------------------------------------------------------------
 
 #: The double's generated text: token ``i`` is ``VOCABULARY[i % len]``; plain ASCII words.
 VOCABULARY: tuple[str, ...] = (
@@ -411,325 +407,3 @@ VOCABULARY: tuple[str, ...] = (
 def token_text(index: int) -> str:
     """The text of generated token ``index``."""
     return VOCABULARY[index % len(VOCABULARY)]
-
-
-class _Model:
-    """One model's runner: residency, slots, queue and cache."""
-
-    def __init__(self, name: str, size: int, knobs: Knobs) -> None:
-        self.name = name
-        self.size = size
-        self.state = COLD
-        self.running: list[Job] = []
-        self.waiting: deque[Job] = deque()
-        self.last_used = 0.0
-        self.keep_alive = knobs.keep_alive
-        self.cache = PrefixCache(knobs.cache_tokens)
-        self.expiry: _Timer | None = None
-        self.load_started = 0.0
-
-    @property
-    def idle(self) -> bool:
-        return not self.running and not self.waiting
-
-
-class SimpleModel:
-    """The plain latency, memory and cache model described in the module docstring."""
-
-    def __init__(
-        self,
-        clock: IReactorTime,
-        models: Mapping[str, int],
-        slots: int = DEFAULT_SLOTS,
-        knobs: Knobs | None = None,
-        loaded: Iterable[str] = (),
-    ) -> None:
-        if slots < 1:
-            raise ValueError("slots must be at least 1")
-        if not models:
-            raise ValueError("a model needs at least one model name")
-        self.clock = clock
-        self.slots = slots
-        self.knobs = knobs or Knobs()
-        self._timers = _Timers(clock)
-        self._models = {name: _Model(name, size, self.knobs) for name, size in models.items()}
-        self._steps: dict[Job, _Timer] = {}
-        self._next_id = 0
-        self._prompt_total = 0
-        self._computed_total = 0
-        self._cached_total = 0
-        self._generated_total = 0
-        self._prefill_total = 0.0
-        self._decode_total = 0.0
-        self._tokens_max = 0
-        self._finished: dict[str, int] = {}
-        now = clock.seconds()
-        for name in loaded:
-            m = self._model(name)
-            if self._used_memory() + m.size > self.knobs.host_memory:
-                raise ModelTooLarge(f"{name}: the preloaded models do not fit in host memory")
-            m.state = LOADED
-            m.last_used = now
-            self._idle(m)
-
-    # -- the interface --
-
-    def submit(self, request: GenRequest, listener: JobListener) -> Job:
-        """Queue a request (see ``EngineModel.submit``)."""
-        m = self._model(request.model)
-        if m.size > self.knobs.host_memory:
-            raise ModelTooLarge(f"{m.name} needs {m.size} bytes, the host has "
-                                f"{self.knobs.host_memory}")
-        self._next_id += 1
-        cap = self.knobs.max_output_tokens
-        want = request.max_tokens
-        output = cap if want is None or want <= 0 else min(want, cap)
-        job = Job(
-            id=self._next_id,
-            request=request,
-            listener=listener,
-            queued_at=self.clock.seconds(),
-            prompt_tokens=0 if request.control else request.prompt_tokens,
-            output_tokens=0 if request.control else output,
-        )
-        job.finish_reason = None if request.control else (
-            LENGTH if want is not None and 0 < want <= cap else STOP)
-        if not request.control:
-            job._blocks = chain_blocks(request.prompt)
-        if request.keep_alive is not None:
-            m.keep_alive = None if request.keep_alive < 0 else request.keep_alive
-        self._cancel_expiry(m)
-        if request.control == UNLOAD:
-            m.keep_alive = 0.0
-            job.control_reason = UNLOAD
-            job.state = RUNNING
-            self._steps[job] = self._timers.after(0, lambda: self._control_done(job))
-            if m.idle:
-                self._idle(m)
-            return job
-        m.waiting.append(job)
-        self._pump()
-        return job
-
-    def cancel(self, job: Job) -> None:
-        """Forget a job: out of the queue or out of its slot, no more callbacks."""
-        if job.state in (DONE, CANCELLED):
-            return
-        step = self._steps.pop(job, None)
-        if step is not None:
-            step.cancel()
-        m = self._models[job.request.model]
-        if job in m.waiting:
-            m.waiting.remove(job)
-        if job in m.running:
-            m.running.remove(job)
-        job.state = CANCELLED
-        job.finished_at = self.clock.seconds()
-        job.request = replace(job.request, prompt=b"")
-        if job.request.control is None:
-            self._finished["abort"] = self._finished.get("abort", 0) + 1
-        m.last_used = self.clock.seconds()
-        if m.idle:
-            self._idle(m)
-        self._pump()
-
-    def status(self) -> EngineStatus:
-        """Gauges and counters now."""
-        models = []
-        jobs: list[Job] = []
-        for m in self._models.values():
-            kv = sum(j.prompt_tokens + j.tokens_done for j in m.running)
-            expires: float | None = None
-            if m.state == LOADED:
-                if m.keep_alive is None:
-                    expires = None
-                elif m.idle:
-                    expires = m.last_used + m.keep_alive
-                else:
-                    expires = self.clock.seconds() + m.keep_alive
-            models.append(ModelStatus(m.name, m.size, m.state, len(m.running), len(m.waiting),
-                                      kv, m.last_used, expires))
-            jobs.extend(m.running)
-        return EngineStatus(
-            slots=self.slots,
-            models=tuple(models),
-            jobs=tuple(sorted(jobs, key=lambda j: j.slot or 0)),
-            kv_capacity=self.knobs.cache_tokens,
-            prompt_tokens_total=self._prompt_total,
-            computed_tokens_total=self._computed_total,
-            cached_tokens_total=self._cached_total,
-            generated_tokens_total=self._generated_total,
-            prefill_seconds_total=self._prefill_total,
-            decode_seconds_total=self._decode_total,
-            tokens_max=self._tokens_max,
-            finished=dict(self._finished),
-        )
-
-    def hold(self) -> None:
-        """Freeze the model's clock."""
-        self._timers.hold()
-
-    def release(self) -> None:
-        """Unfreeze the model's clock."""
-        self._timers.release()
-
-    def stop(self) -> None:
-        """Cancel every pending step."""
-        self._timers.cancel_all()
-        self._steps.clear()
-        for m in self._models.values():
-            m.expiry = None
-
-    # -- extras for tests and the wire layer --
-
-    @property
-    def held(self) -> bool:
-        """Whether ``hold`` is in force."""
-        return self._timers.held
-
-    def cached_prefix(self, model: str, prompt: bytes) -> int:
-        """Tokens of ``prompt`` the model's cache holds now (does not touch the cache)."""
-        return self._model(model).cache.peek(chain_blocks(prompt))
-
-    # -- internals --
-
-    def _model(self, name: str) -> _Model:
-        m = self._models.get(name)
-        if m is None:
-            raise UnknownModel(name)
-        return m
-
-    def _used_memory(self) -> int:
-        return sum(m.size for m in self._models.values() if m.state != COLD)
-
-    def _pump(self) -> None:
-        """Admit what can run: load cold models that fit, fill free slots in arrival order."""
-        queued = [m for m in self._models.values() if m.waiting]
-        queued.sort(key=lambda m: (m.waiting[0].queued_at, m.waiting[0].id))
-        for m in queued:
-            if m.state == COLD:
-                self._try_load(m)
-            if m.state != LOADED:
-                continue
-            while m.waiting and (m.waiting[0].request.control or len(m.running) < self.slots):
-                job = m.waiting.popleft()
-                if job.request.control:
-                    job.state = RUNNING
-                    job.control_reason = LOAD
-                    self._steps[job] = self._timers.after(0, partial(self._control_done, job))
-                else:
-                    self._admit(m, job)
-            if m.idle:
-                self._idle(m)
-
-    def _try_load(self, m: _Model) -> None:
-        need = m.size
-        limit = self.knobs.host_memory
-        idle = sorted(
-            (o for o in self._models.values() if o is not m and o.state == LOADED and o.idle),
-            key=lambda o: o.last_used,
-        )
-        if self._used_memory() - sum(o.size for o in idle) + need > limit:
-            return  # wait until a busy model goes idle
-        for o in idle:
-            if self._used_memory() + need <= limit:
-                break
-            self._unload(o)
-        m.state = LOADING
-        m.load_started = self.clock.seconds()
-        self._timers.after(self.knobs.load_s, lambda: self._loaded(m))
-
-    def _loaded(self, m: _Model) -> None:
-        m.state = LOADED
-        now = self.clock.seconds()
-        m.last_used = now
-        for job in m.waiting:
-            job.load_seconds = now - max(job.queued_at, m.load_started)
-        self._pump()
-
-    def _unload(self, m: _Model) -> None:
-        self._cancel_expiry(m)
-        m.state = COLD
-        m.cache.clear()
-        m.keep_alive = self.knobs.keep_alive
-
-    def _idle(self, m: _Model) -> None:
-        """``m`` has nothing to do: start its keep-alive countdown."""
-        self._cancel_expiry(m)
-        if m.state != LOADED or m.keep_alive is None:
-            return
-
-        def expire() -> None:
-            m.expiry = None
-            if m.idle and m.state == LOADED:
-                self._unload(m)
-                self._pump()
-
-        m.expiry = self._timers.after(m.keep_alive, expire)
-
-    def _cancel_expiry(self, m: _Model) -> None:
-        if m.expiry is not None:
-            m.expiry.cancel()
-            m.expiry = None
-
-    def _admit(self, m: _Model, job: Job) -> None:
-        used = {j.slot for j in m.running}
-        job.slot = next(i for i in range(self.slots) if i not in used)
-        job.state = RUNNING
-        now = self.clock.seconds()
-        job.admitted_at = now
-        m.running.append(job)
-        m.last_used = now
-        # An engine always computes at least the prompt's last token.
-        job.cached_tokens = min(m.cache.lookup(job._blocks), job.prompt_tokens - 1)
-        uncached = job.prompt_tokens - job.cached_tokens
-        job.prefill_seconds = uncached * self.knobs.prefill_s
-        self._prompt_total += job.prompt_tokens
-        self._computed_total += uncached
-        self._cached_total += job.cached_tokens
-        self._prefill_total += job.prefill_seconds
-        self._steps[job] = self._timers.after(job.prefill_seconds, lambda: self._emit(m, job))
-
-    def _emit(self, m: _Model, job: Job) -> None:
-        """Produce the job's next token; the first one also caches the prompt."""
-        now = self.clock.seconds()
-        index = job.tokens_done
-        if index == 0:
-            job.first_token_at = now
-            m.cache.insert(job._blocks)
-        job.tokens_done += 1
-        self._generated_total += 1
-        last = job.tokens_done >= job.output_tokens
-        if last:
-            self._steps.pop(job, None)
-            self._finish(m, job)
-            self._pump()  # the freed slot is taken before anyone hears of it
-            job.listener.token(job, index, token_text(index), True)
-            job.listener.done(job)
-            return
-        self._steps[job] = self._timers.after(self.knobs.decode_s, lambda: self._emit(m, job))
-        job.listener.token(job, index, token_text(index), False)
-
-    def _finish(self, m: _Model, job: Job) -> None:
-        now = self.clock.seconds()
-        job.state = DONE
-        job.finished_at = now
-        m.running.remove(job)
-        m.last_used = now
-        reason = job.finish_reason or STOP
-        self._finished[reason] = self._finished.get(reason, 0) + 1
-        self._decode_total += job.decode_seconds
-        self._tokens_max = max(self._tokens_max, job.prompt_tokens + job.tokens_done)
-        # The reply is cached with the prompt: a next turn that repeats it hits.
-        output = "".join(token_text(i) for i in range(job.tokens_done)).encode()
-        m.cache.insert(chain_blocks(job.request.prompt + output))
-        job.request = replace(job.request, prompt=b"")  # a finished job keeps no text
-        if m.idle:
-            self._idle(m)
-
-    def _control_done(self, job: Job) -> None:
-        self._steps.pop(job, None)
-        job.state = DONE
-        job.finished_at = self.clock.seconds()
-        job.listener.done(job)
-

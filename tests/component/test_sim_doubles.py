@@ -375,7 +375,8 @@ async def test_ttft_is_prefill_and_a_repeat_is_cached(rigs: list[Rig]) -> None:
     """On an idle vLLM double the first token comes after prefill of the uncached prompt
     tokens; the same prompt again reports cached tokens and its first token comes sooner."""
     clock = Clock()
-    rig = Rig(VLLM, clock, prefill_s=0.001, decode_s=0.01, max_output_tokens=3)
+    rig = Rig(VLLM, clock, prefill_s=0.001, prefill_pair_s=0.0, prefill_fixed_s=0.0,
+              decode_s=0.01, max_output_tokens=3)
     rigs.append(rig)
     double = rig.double
     ttfts: list[float] = []
@@ -466,7 +467,9 @@ async def test_cold_ollama_loads_and_a_full_host_evicts_the_lru_idle_model(
         doc = json.loads(body.data)
         job = rig.double.jobs[-1]
         cold = n != 2
-        assert job.ttft == pytest.approx((8.0 if cold else 0.0) + 0.1 * (1 if cold else 0.04))
+        assert job.cached_tokens == (0 if cold else 96)
+        prefill = rig.double.knobs.prefill_seconds(100 - job.cached_tokens, job.cached_tokens)
+        assert job.ttft == pytest.approx((8.0 if cold else 0.0) + prefill)
         assert doc["load_duration"] == (8 * 10**9 if cold else 0)
     ps = json.loads((await rig.fetcher.fetch("/api/ps")).body)
     assert sorted(m["name"] for m in ps["models"]) == ["a:1b", "c:1b"]
@@ -530,7 +533,8 @@ async def test_a_paused_reader_holds_events_in_the_double(rigs: list[Rig]) -> No
     """While the transport has paused the reply (client socket full), events wait in the
     reply instead of being written; resumed, they go out in order and the stream is whole."""
     clock = Clock()
-    rig = Rig(VLLM, clock, prefill_s=0.001, decode_s=0.01, max_output_tokens=5)
+    rig = Rig(VLLM, clock, prefill_s=0.001, prefill_pair_s=0.0, prefill_fixed_s=0.0,
+              decode_s=0.01, max_output_tokens=5)
     rigs.append(rig)
     double = rig.double
     pending = rig.post("/v1/chat/completions", chat("hello", stream=True))

@@ -1,4 +1,7 @@
-"""The simple behaviour model of the engine doubles, on a ``Clock``: no sockets, no sleeping."""
+"""The slot model behind the llama.cpp and Ollama doubles, on a ``Clock``: no sockets, no
+sleeping. With the P(u, c) pair and fixed terms and the per-sequence decode cost at zero it
+keeps the plain numbers these tests were written with (tests/unit/test_sim_slots.py has the
+rest)."""
 
 from __future__ import annotations
 
@@ -19,13 +22,14 @@ from pharos.sim.model import (
     Job,
     Knobs,
     ModelTooLarge,
-    SimpleModel,
     UnknownModel,
 )
 from pharos.sim.prompt import BLOCK_TOKENS, chain_blocks, count_tokens
+from pharos.sim.slots import SlotModel
 
 GB = 10**9
-FAST = Knobs(prefill_s=0.001, decode_s=0.01, load_s=2.0, max_output_tokens=5)
+FAST = Knobs(prefill_s=0.001, decode_s=0.01, load_s=2.0, max_output_tokens=5,
+             prefill_pair_s=0.0, prefill_fixed_s=0.0, decode_seq_s=0.0)
 
 
 class Listener:
@@ -64,7 +68,7 @@ def test_idle_ttft_is_prefill_of_the_prompt_then_one_token_per_decode_step() -> 
     """A warm idle model: first token after prefill(prompt tokens), then one per decode_s,
     done with the last; the request's max_tokens under the cap ends it with "length"."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
     seen = Listener(clock)
     job = model.submit(GenRequest("m", prompt(100), max_tokens=3), seen)
     assert seen.tokens == []  # never called from inside submit
@@ -84,7 +88,7 @@ def test_idle_ttft_is_prefill_of_the_prompt_then_one_token_per_decode_step() -> 
 def test_output_is_capped_and_then_stops() -> None:
     """Without max_tokens (or with more than the cap) a reply has the cap's length, "stop"."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
     job = model.submit(GenRequest("m", prompt(4), max_tokens=1000), Listener(clock))
     run(clock, 10)
     assert job.tokens_done == FAST.max_output_tokens and job.finish_reason == STOP
@@ -94,7 +98,7 @@ def test_repeated_prompt_is_cached_and_faster() -> None:
     """The second send of a prompt finds its whole-block prefix cached (at most prompt - 1
     tokens: the last is always computed) and its first token comes sooner."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
     text = prompt(100)
     first = model.submit(GenRequest("m", text), Listener(clock))
     run(clock, 10)
@@ -113,7 +117,7 @@ def test_next_turn_hits_the_previous_turn_and_its_reply() -> None:
     """A prompt that extends an earlier prompt plus the reply generated for it is cached up to
     the end of that reply's whole blocks, as an engine caches a conversation."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, knobs=FAST, loaded=["m"])
     turn1 = prompt(64)
     model.submit(GenRequest("m", turn1), Listener(clock))
     run(clock, 10)
@@ -136,14 +140,15 @@ def test_prompt_size_counts_decoded_bytes() -> None:
 def test_requests_beyond_the_slots_wait_in_arrival_order() -> None:
     """Slots bound the running requests; the rest wait and start as slots free up."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
     jobs = [model.submit(GenRequest("m", prompt(10), max_tokens=2), Listener(clock))
             for _ in range(3)]
     status = model.status()
     assert (status.running, status.waiting) == (2, 1)
     assert [j.state for j in jobs] == [RUNNING, RUNNING, WAITING]
     assert {j.slot for j in jobs[:2]} == {0, 1}
-    run(clock, 0.01)  # prefill of 10 tokens: first tokens of the two running
+    run(clock, 0.02)  # one step prefills both 10-token prompts: their first tokens
+    assert jobs[2].state == WAITING
     run(clock, 0.01)  # their second and last tokens: the waiting one takes a slot
     assert jobs[2].state == RUNNING and jobs[2].slot in (0, 1)
     assert model.status().waiting == 0
@@ -152,7 +157,7 @@ def test_requests_beyond_the_slots_wait_in_arrival_order() -> None:
 def test_cancel_frees_the_slot_for_the_next() -> None:
     """Cancelling a running job frees its slot at once and no callback follows."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, slots=1, knobs=FAST, loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, slots=1, knobs=FAST, loaded=["m"])
     seen = Listener(clock)
     a = model.submit(GenRequest("m", prompt(10)), seen)
     b = model.submit(GenRequest("m", prompt(10)), Listener(clock))
@@ -167,7 +172,7 @@ def test_cancel_frees_the_slot_for_the_next() -> None:
 def test_cold_model_loads_first() -> None:
     """A cold model: TTFT = load + prefill; the load shows as the job's load time."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=FAST)
+    model = SlotModel(clock, {"m": GB}, knobs=FAST)
     job = model.submit(GenRequest("m", prompt(100)), Listener(clock))
     assert model.status().model("m").state == "loading"
     assert model.status().waiting == 1
@@ -180,7 +185,7 @@ def test_cold_model_on_a_full_host_evicts_the_least_recently_used_idle_model() -
     """Host memory holds two of three 4 GB models: loading the third unloads the idle model
     used longest ago, never a busy one, and its cache goes with it."""
     clock = Clock()
-    model = SimpleModel(clock, {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB}, knobs=FAST,
+    model = SlotModel(clock, {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB}, knobs=FAST,
                         loaded=["a", "b"])
     for name in ("b", "a"):  # a is used last, so b is the least recently used
         model.submit(GenRequest(name, prompt(8)), Listener(clock))
@@ -194,7 +199,7 @@ def test_busy_models_are_not_evicted_the_cold_one_waits() -> None:
     """When only busy models could make room, the cold model waits until one goes idle."""
     clock = Clock()
     knobs = Knobs(prefill_s=0.001, decode_s=1.0, load_s=2.0, max_output_tokens=3)
-    model = SimpleModel(clock, {"a": 6 * GB, "b": 6 * GB}, knobs=knobs, loaded=["a"])
+    model = SlotModel(clock, {"a": 6 * GB, "b": 6 * GB}, knobs=knobs, loaded=["a"])
     busy = model.submit(GenRequest("a", prompt(8)), Listener(clock))
     cold = model.submit(GenRequest("b", prompt(8)), Listener(clock))
     run(clock, 0.5)
@@ -210,23 +215,25 @@ def test_hold_freezes_progress_and_release_resumes_it() -> None:
     """Held requests take slots and stay running however far the clock moves; released, they
     continue with the time their step had left."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
-    model.hold()
+    model = SlotModel(clock, {"m": GB}, slots=2, knobs=FAST, loaded=["m"])
     jobs = [model.submit(GenRequest("m", prompt(100)), Listener(clock)) for _ in range(3)]
+    run(clock, 0.05)  # one step prefills both running prompts: 0.2 s, 0.15 s left
+    model.hold()
     run(clock, 100)
     status = model.status()
     assert (status.running, status.waiting) == (2, 1)
     assert all(j.first_token_at is None for j in jobs)
     model.release()
-    run(clock, 0.1)
-    assert jobs[0].first_token_at == pytest.approx(100.1)
+    run(clock, 0.15)
+    assert jobs[0].first_token_at == pytest.approx(100.2)
+    assert jobs[0].ttft == pytest.approx(100.2) and jobs[0].prefill_seconds == pytest.approx(0.2)
 
 
 def test_keep_alive_unloads_an_idle_model_and_control_requests() -> None:
     """An idle model unloads after its keep-alive; a load request loads it without a slot;
     an unload request (keep_alive 0) unloads it at once."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=Knobs(load_s=1.0, keep_alive=300.0))
+    model = SlotModel(clock, {"m": GB}, knobs=Knobs(load_s=1.0, keep_alive=300.0))
     loader = Listener(clock)
     load = model.submit(GenRequest("m", control=LOAD), loader)
     run(clock, 1)
@@ -243,7 +250,7 @@ def test_keep_alive_unloads_an_idle_model_and_control_requests() -> None:
 
 def test_unknown_and_oversized_models_are_refused() -> None:
     """A name the engine does not serve, or a model larger than host memory, fails at once."""
-    model = SimpleModel(Clock(), {"m": GB, "huge": 20 * GB}, knobs=FAST)
+    model = SlotModel(Clock(), {"m": GB, "huge": 20 * GB}, knobs=FAST)
     with pytest.raises(UnknownModel):
         model.submit(GenRequest("x"), Listener(Clock()))
     with pytest.raises(ModelTooLarge):
@@ -253,8 +260,9 @@ def test_unknown_and_oversized_models_are_refused() -> None:
 def test_kv_usage_counts_running_tokens() -> None:
     """KV usage is the running requests' prompt and generated tokens over the pool."""
     clock = Clock()
-    model = SimpleModel(clock, {"m": GB}, knobs=Knobs(cache_tokens=1000, prefill_s=0.001,
-                                                      decode_s=1.0), loaded=["m"])
+    model = SlotModel(clock, {"m": GB}, knobs=Knobs(cache_tokens=1000, prefill_s=0.001,
+                                                    decode_s=1.0, prefill_pair_s=0.0,
+                                                    prefill_fixed_s=0.0), loaded=["m"])
     model.submit(GenRequest("m", prompt(100)), Listener(clock))
     assert model.status().kv_usage == pytest.approx(0.1)
     run(clock, 0.1)

@@ -88,16 +88,17 @@ def test_ollama_catalogue_of_other_models_keeps_the_entry_shape() -> None:
 
 def test_llamacpp_busy_slot_takes_the_busy_capture_shape() -> None:
     """A processing slot in /slots has the keys of the busy capture's processing slot, with
-    the double's task, prompt and cache numbers; idle slots stay the idle shape."""
+    the double's task, prompt and cache numbers; idle slots stay the idle shape. (The first
+    request takes slot 1: llama.cpp's least recently used slot, the highest id on a tie.)"""
     double = EngineDouble(LLAMACPP, Clock(), slots=2)
     job = double.model.submit(GenRequest("tiny", b"x" * 40, max_tokens=7), Quiet())
     slots = json.loads(body(double, "/slots"))
     busy = next(s for s in json.loads(pinned_capture(LLAMACPP, state="busy").paths["/slots"]
                                       .body) if s["is_processing"])
     idle = json.loads(pinned_capture(LLAMACPP).paths["/slots"].body)[0]
-    assert shape_of(slots[0]) == shape_of(busy) and shape_of(slots[1]) == shape_of(idle)
-    assert (slots[0]["id_task"], slots[0]["n_prompt_tokens"]) == (job.id, 10)
-    assert slots[0]["params"]["n_predict"] == 7
+    assert shape_of(slots[1]) == shape_of(busy) and shape_of(slots[0]) == shape_of(idle)
+    assert (slots[1]["id_task"], slots[1]["n_prompt_tokens"]) == (job.id, 10)
+    assert slots[1]["params"]["n_predict"] == 7
     props = json.loads(body(double, "/props"))
     assert props["total_slots"] == 2
 
