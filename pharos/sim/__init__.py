@@ -6,6 +6,8 @@
   decode, load, host memory, context and cache, output cap, keep-alive).
 - ``pharos.sim.slots``: ``SlotModel``, llama.cpp's and Ollama's behaviour: slots caching on
   their own, one batch step at a time, models loaded and unloaded against host memory.
+- ``pharos.sim.batch``: ``BatchModel``, vLLM's behaviour: V1 scheduler steps (token budget,
+  chunked prefill, preemption) over a ref-counted KV ``BlockPool`` with prefix caching.
 - ``pharos.sim.wire``: reply templates and serializers shared by the engines' wire formats in
   ``pharos.sim.ollama``, ``pharos.sim.llamacpp`` and ``pharos.sim.vllm``.
 - ``pharos.sim.prompt``: prompt text, size and prefix blocks of a client request.

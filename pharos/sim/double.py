@@ -42,6 +42,7 @@ from zope.interface import implementer
 
 from pharos.engine.capture import Capture, Recorded
 from pharos.engine.library import LLAMACPP, OLLAMA, VLLM
+from pharos.sim.batch import VLLM_KNOBS, BatchModel
 from pharos.sim.llamacpp import LlamacppFlavor
 from pharos.sim.model import (
     DEFAULT_SLOTS,
@@ -66,7 +67,7 @@ from pharos.sim.prompt import (
     prompt_text,
     reply_key,
 )
-from pharos.sim.slots import SimpleModel, SlotModel
+from pharos.sim.slots import SlotModel
 from pharos.sim.vllm import VllmFlavor
 from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 
@@ -145,7 +146,8 @@ class EngineDouble:
     ``loaded``: models in memory at start (default: none for Ollama, the one model
     otherwise). ``knobs`` and any ``Knobs`` field as a keyword (``prefill_s=...``) set the
     latency model (Ollama's ``keep_alive`` is its 5 minutes unless ``knobs`` or
-    ``keep_alive=`` say otherwise). ``fixtures``: where the pinned captures are (default: the
+    ``keep_alive=`` say otherwise; without ``knobs``, vLLM's unset fields are
+    ``VLLM_KNOBS``). ``fixtures``: where the pinned captures are (default: the
     checkout's ``fixtures/``). ``seed``: the ids' random source. ``engine_model`` replaces
     the behaviour model altogether (the wire format stays).
     """
@@ -171,6 +173,8 @@ class EngineDouble:
         self.flavor: Flavor = self._flavor(kind, capture, models, fixtures)
         if kind == OLLAMA and "keep_alive" not in knob_values and knobs is None:
             knob_values["keep_alive"] = KEEP_ALIVE_S
+        if kind == VLLM and knobs is None:
+            knob_values = {**VLLM_KNOBS, **knob_values}
         base = knobs or Knobs()
         self.knobs = dataclasses.replace(base, **knob_values) if knob_values else base
         catalogue = self.flavor.catalogue()
@@ -506,7 +510,7 @@ def default_model(kind: str, clock: IReactorTime, catalogue: Mapping[str, int], 
                   knobs: Knobs, loaded: tuple[str, ...]) -> EngineModel:
     """The behaviour model a double of ``kind`` runs unless given one."""
     if kind == VLLM:
-        return SimpleModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+        return BatchModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
     if kind == LLAMACPP:
         return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
     return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)

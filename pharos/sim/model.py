@@ -226,6 +226,12 @@ class EngineStatus:
     decode_seconds_total: float = 0.0
     tokens_max: int = 0
     finished: Mapping[str, int] = field(default_factory=dict)
+    #: Requests preempted (KV given back, to be recomputed) since start.
+    preemptions: int = 0
+    #: Prefix-cache lookups as vLLM counts them: tokens queried and tokens found cached
+    #: (``None``: the model keeps no such count).
+    prefix_queries_total: int | None = None
+    prefix_hits_total: int | None = None
 
     @property
     def running(self) -> int:

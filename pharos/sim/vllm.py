@@ -1,9 +1,9 @@
 """vLLM 0.32.0's wire format, cloned from ``fixtures/vllm/0.32.0/idle`` (live).
 
 The double owns ``/v1/models`` and, in ``/metrics``, the running/waiting/KV gauges and the
-prompt, cache, generation and finished-request counters; every other line of the 50 KB page
-stays byte for byte as recorded (with the ``model_name`` label renamed when the double serves
-another name). Bodies are compact JSON (pydantic). Cached tokens show as
+prompt, cache, preemption, generation and finished-request counters; every other line of the
+50 KB page stays byte for byte as recorded (with the ``model_name`` label renamed when the
+double serves another name). Bodies are compact JSON (pydantic). Cached tokens show as
 ``usage.prompt_tokens_details.cached_tokens``.
 """
 
@@ -61,8 +61,13 @@ class VllmFlavor(Flavor):
             "vllm:num_requests_running": status.running,
             "vllm:num_requests_waiting": status.waiting,
             "vllm:kv_cache_usage_perc": status.kv_usage,
-            "vllm:prefix_cache_queries_total": status.prompt_tokens_total,
-            "vllm:prefix_cache_hits_total": status.cached_tokens_total,
+            "vllm:prefix_cache_queries_total": (
+                status.prompt_tokens_total if status.prefix_queries_total is None
+                else status.prefix_queries_total),
+            "vllm:prefix_cache_hits_total": (
+                status.cached_tokens_total if status.prefix_hits_total is None
+                else status.prefix_hits_total),
+            "vllm:num_preemptions_total": status.preemptions,
             "vllm:prompt_tokens_total": status.prompt_tokens_total,
             "vllm:prompt_tokens_cached_total": status.cached_tokens_total,
             "vllm:generation_tokens_total": status.generated_tokens_total,
