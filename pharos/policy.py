@@ -12,7 +12,10 @@ Two policies share the signature (``POLICIES``):
     The estimated time to first token in seconds, ``est_ttft = wait + load + prefill`` plus a
     KV-pressure penalty (above ``kv_pressure_threshold`` the prefill a prefix match saves is
     added back in proportion, all of it at 100 % usage: the cache is likely to be evicted, so
-    the match is trusted less). The lowest wins; costs within ``tie_window_sec`` of the lowest
+    the match is trusted less). ``wait`` is the prefill Pharos has already sent the target and
+    that has not produced a first byte yet (engines compute prompts in arrival order, so a
+    free slot behind three long prompts still waits for them), plus, without a free slot, the
+    slot wait of spec §7. The lowest wins; costs within ``tie_window_sec`` of the lowest
     tie, and ties go to the lower utilization, then to a pseudo-random choice seeded by
     ``req.seed``.
 ``least-load``
@@ -107,6 +110,9 @@ class Candidate:
     fits_if_cold: bool | None  # memory headroom check for a cold load; None: unknown
     loading: bool  # a load of the cold model is under way: counts as warm
     inflight: int  # Pharos's requests in flight on the target (for the bounded-load guard)
+    #: Estimated prefill seconds of Pharos's requests on the target still without a first
+    #: byte: a new prompt is computed after them (engines prefill in arrival order).
+    queued_prefill_sec: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +235,7 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
         free = c.free_slots
 
         if free > 0:
-            wait = 0.0
+            wait = c.queued_prefill_sec
         else:
             service = c.service_sec
             if service is None:
@@ -239,7 +245,7 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
                         cfg.service_sec_default, "service_sec")
                 service, note = service_fleet
                 fallbacks = (*fallbacks, note)
-            wait = (c.queue_ahead + 1) / capacity * service
+            wait = (c.queue_ahead + 1) / capacity * service + c.queued_prefill_sec
 
         if c.warm is False and not c.loading:
             fits = c.fits_if_cold

@@ -37,6 +37,11 @@ QUEUE_LIMIT = 1000
 DEFAULT_CAPACITY = 2
 #: Sessions remembered for affinity (least recently used go first).
 SESSIONS = 100_000
+#: Engines whose prefix cache serves every request as soon as a prompt is computed, so a
+#: prompt is recorded at its reply's first byte: vLLM (live test
+#: test_prefix_is_shared_from_the_first_token). llama.cpp and Ollama cache per slot and are
+#: recorded when the reply ends (spec §6, measured).
+SHARED_CACHE_KINDS = frozenset({"vllm"})
 #: A root prefix shorter than this (estimated tokens) is not worth spreading.
 HOT_MIN_TOKENS = 256
 
@@ -102,6 +107,16 @@ class Lease:
     predicted_tokens: int = 0  # the index's prediction for this target (0: none)
     source: Source | None = None  # where the predicting slot came from
     est_ttft: float | None = None  # the policy's estimate for this target, seconds
+    prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
+    started: bool = False  # ...the first byte of the reply arrived
+
+    def first_byte(self) -> None:
+        """The engine answered: its prefill is no longer queued on the target, and an engine
+        that shares its cache across requests holds the prompt from now on (spec §6)."""
+        if self.started or self.released:
+            return
+        self.started = True
+        self.sched.started(self)
 
     def release(self, sample: Sample | None = None) -> None:
         """Free the slot and learn from the request; the next waiter runs at once."""
@@ -110,6 +125,9 @@ class Lease:
         self.released = True
         t = self.target
         t.inflight -= 1
+        if not self.started:
+            self.started = True
+            self.sched.unqueue(self)
         if sample is not None:
             self.sched.state.feedback(t, sample)
             self.sched.learn(self, sample)
@@ -270,11 +288,14 @@ class Scheduler:
         target.inflight += 1
         req = w.req
         match = placed.matches.get(target.id)
-        est = next((t[1] for t in decision.score_terms if t[0] == target.id), None)
+        terms = next(t for t in decision.score_terms if t[0] == target.id)
         lease = Lease(self, target, decision, waited=not w.arriving, cold=placed.cold[target.id],
                       chain=req.chain,
                       predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,
-                      source=match.source if match else None, est_ttft=est)
+                      source=match.source if match else None, est_ttft=terms[1],
+                      prefill_sec=terms[3] + terms[4])
+        target.queued_prefill += lease.prefill_sec
+        target.unstarted += 1
         self._dispatched(req, target)
         return lease
 
@@ -289,6 +310,21 @@ class Scheduler:
             self.sessions.move_to_end(req.session)
             while len(self.sessions) > self.guards.sessions:
                 self.sessions.popitem(last=False)
+
+    def unqueue(self, lease: Lease) -> None:
+        """The lease's prefill is done (or abandoned): off its target's queue."""
+        t = lease.target
+        t.unstarted -= 1
+        t.queued_prefill = t.queued_prefill - lease.prefill_sec if t.unstarted > 0 else 0.0
+
+    def started(self, lease: Lease) -> None:
+        """The first byte of a reply: unqueue its prefill; record the prompt now on engines
+        that share their prefix cache across requests."""
+        self.unqueue(lease)
+        t = lease.target
+        if lease.chain and t.backend.kind in SHARED_CACHE_KINDS:
+            self.index.record(lease.chain, t.id, t.gen, self.state.clock.seconds())
+        self.kick()
 
     def learn(self, lease: Lease, sample: Sample) -> None:
         """What the reply teaches the prefix index (spec §6): record a success, correct a
@@ -402,6 +438,7 @@ class Scheduler:
             fits_if_cold=self._fits_if_cold(t, v.size_bytes) if warm is False else None,
             loading=loading,
             inflight=t.inflight,
+            queued_prefill_sec=t.queued_prefill,
         )
 
     def _fits_if_cold(self, t: Target, size: int | None) -> bool | None:

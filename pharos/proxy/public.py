@@ -365,7 +365,11 @@ class PublicAPI:
         tap = StreamTap(strip_usage_chunk=parsed.pharos_asked_usage,
                         embeddings=path in EMBEDDING_ROUTES)
         first: list[float] = []
-        relay = Relay(request, tap, self.clock, lambda: first.append(self.clock.seconds()))
+        def first_byte() -> None:
+            first.append(self.clock.seconds())
+            lease.first_byte()
+
+        relay = Relay(request, tap, self.clock, first_byte)
         response.deliverBody(relay)
         sample: Sample | None = None
         try:

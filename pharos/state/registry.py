@@ -59,6 +59,10 @@ class Target:
     inflight: int = 0
     loaded_reply_at: float | None = None  # a successful reply newer than the last full round
     last_release_at: float | None = None  # when a reply on it last ended
+    #: Estimated prefill seconds of our requests on it that have no first byte yet.
+    queued_prefill: float = 0.0
+    #: How many of our requests on it have no first byte yet.
+    unstarted: int = 0
 
     @property
     def key(self) -> str:

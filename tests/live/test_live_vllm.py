@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest_twisted
@@ -113,3 +114,28 @@ async def test_pharos_predicts_a_repeated_prefix_and_corrects_an_evicted_one(
         assert fourth.predicted == 0
     finally:
         await pharos.stop()
+
+
+def test_prefix_is_shared_from_the_first_token(vllm: engines.RunningEngine) -> None:
+    """vLLM shares its prefix cache across requests as soon as a prompt is computed: a request
+    sent while another with the same long system prompt is still generating finds it cached.
+    (Pharos therefore records vLLM prompts at the first byte, not at the end of the reply.)"""
+    wait_idle(vllm)
+    system = engines.long_prompt(300, seed=37)
+    slow = {"model": "tiny", "max_tokens": engines.VLLM_SLOW_MAX_TOKENS, "ignore_eos": True,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "Tell a long story."}]}
+    streams = start_streams(vllm.url, slow, 1)
+    try:
+        wait_started(streams, 1)
+        status, raw = engines.http_post_json(vllm.url + "/v1/chat/completions", {
+            "model": "tiny", "max_tokens": 2,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "Which port?"}]})
+        still_running = not streams[0].finished.is_set()
+    finally:
+        stop_all(streams)
+    assert status == 200, raw[:300]
+    assert still_running, "the slow stream ended first: rerun"
+    cached = json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 256, cached
