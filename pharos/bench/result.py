@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ def environment() -> dict[str, Any]:
     return {
         "pharos": pharos.__version__,
         **git_commit(),
-        "machine": machine(),
+        "machine": {**machine(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
