@@ -12,6 +12,7 @@ Medians over seeds are the report's business.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,7 +30,7 @@ from pharos.bench.summary import Slo
 from pharos.config import POLICIES
 from pharos.engine.library import OLLAMA
 from pharos.sim.double import KINDS
-from pharos.sim.workloads import Request
+from pharos.sim.workloads import Request, multi_model
 
 #: Every policy ``compare`` can run: the harness's baselines, then Pharos's own.
 ALL_POLICIES: tuple[str, ...] = (*DISPATCH, *POLICIES)
@@ -55,15 +56,26 @@ def plan(rates: Sequence[float], seeds: Sequence[int], policies: Sequence[str]
     return [(r, s, p) for r in rates for s in seeds for p in policies]
 
 
-def served_models(kind: str, engine_args: Sequence[str], requests: Sequence[Request],
+def workload_models(workload: str, kw: dict[str, Any], requests: Sequence[Request]
+                    ) -> list[str]:
+    """Every model the workload can ask for: for ``multi-model`` its whole catalogue (the same
+    for every seed, though a short run may not draw each), else those ``requests`` name."""
+    if workload == "multi-model":
+        if kw.get("names"):
+            return sorted(kw["names"])
+        count = kw.get("models", inspect.signature(multi_model).parameters["models"].default)
+        return [f"model-{m}" for m in range(count)]
+    return sorted({r.model for r in requests})
+
+
+def served_models(kind: str, engine_args: Sequence[str], names: Sequence[str],
                   model_gb: float) -> dict[str, float] | None:
-    """The models the doubles must serve for ``requests`` (name → GB), unless the engine
-    arguments name them: on Ollama, every requested model at ``model_gb`` (its catalogue is
-    the capture's otherwise); elsewhere, only when the workload asks for other than the
-    doubles' own model."""
+    """The models the doubles must serve (name → GB), unless the engine arguments name
+    them: on Ollama, each of ``names`` at ``model_gb`` (its catalogue is the capture's
+    otherwise); elsewhere, only when they are other than the doubles' own model."""
     if any(a.split("=", 1)[0] in ("--model", "--served-model-name") for a in engine_args):
         return None
-    names = sorted({r.model for r in requests})
+    names = sorted(names)
     if kind == OLLAMA:
         return {n: model_gb for n in names}
     if names != [DOUBLE_MODEL]:
@@ -106,7 +118,10 @@ class Comparison:
                            max_requests=a.max_requests)
             requests = self._requests(base)
             fleet = FleetSpec(engines=a.engines, kind=a.kind, engine_args=tuple(a.engine_arg),
-                              models=served_models(a.kind, a.engine_arg, requests, a.model_gb),
+                              models=served_models(
+                                  a.kind, a.engine_arg,
+                                  workload_models(a.workload, base.workload_args, requests),
+                                  a.model_gb),
                               policy=policy if policy in POLICIES else None,
                               capacity=a.backend_capacity)
             spec = replace(base, policy=policy,

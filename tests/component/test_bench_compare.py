@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pharos.bench.compare import ALL_POLICIES, served_models
+from pharos.bench.compare import ALL_POLICIES, served_models, workload_models
 from pharos.bench.fleet import FleetSpec, engine_command, pharos_config
 from pharos.bench.report import main_report
 from pharos.sim.workloads import Request
@@ -72,19 +72,23 @@ def test_compare_writes_a_result_per_policy_and_report_reads_them(tmp_path: Path
 
 
 def test_fleet_command_lines_and_config() -> None:
-    """Engine options reach every double's command line; an Ollama fleet is given the
-    workload's models (other kinds only models other than their own); Pharos's config names
-    the engines, their kind, the policy and the capacity."""
+    """Engine options reach every double's command line; an Ollama fleet is given every
+    model the workload can ask for (other kinds only models other than their own); Pharos's
+    config names the engines, their kind, the policy and the capacity."""
     spec = FleetSpec(engines=2, kind="vllm", engine_args=("--slots=8",))
     cmd = engine_command(spec)
     assert cmd[-6:] == ["sim-engine", "--kind", "vllm", "--port", "0", "--slots=8"]
     reqs = [Request(0.0, f"model-{m}", ({"role": "user", "content": "x"},), 4)
             for m in (1, 0, 1)]
-    assert served_models("ollama", (), reqs, 4.0) == {"model-0": 4.0, "model-1": 4.0}
-    assert served_models("ollama", ("--model=a=1",), reqs, 4.0) is None
-    tiny = [Request(0.0, "tiny", ({"role": "user", "content": "x"},), 4)]
-    assert served_models("vllm", (), tiny, 4.0) is None
-    assert served_models("vllm", (), reqs, 4.0) == {"model-0": 0.0, "model-1": 0.0}
+    names = workload_models("w1", {}, reqs)
+    assert names == ["model-0", "model-1"]
+    assert workload_models("multi-model", {"models": 3}, reqs) == [
+        "model-0", "model-1", "model-2"]
+    assert len(workload_models("multi-model", {}, [])) == 8
+    assert served_models("ollama", (), names, 4.0) == {"model-0": 4.0, "model-1": 4.0}
+    assert served_models("ollama", ("--model=a=1",), names, 4.0) is None
+    assert served_models("vllm", (), ["tiny"], 4.0) is None
+    assert served_models("vllm", (), names, 4.0) == {"model-0": 0.0, "model-1": 0.0}
     ollama = engine_command(FleetSpec(1, "ollama", models={"model-0": 4.0}))
     assert ollama[-2:] == ["--model", "model-0=4"]
     config = pharos_config(8123, ["http://127.0.0.1:1", "http://127.0.0.1:2"], "vllm", "cost",
