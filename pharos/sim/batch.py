@@ -63,7 +63,7 @@ from pharos.sim.model import (
     JobListener,
     Knobs,
     ModelStatus,
-    ModelTooLarge,
+    PromptTooLong,
     UnknownModel,
     _Timer,
     _Timers,
@@ -83,11 +83,6 @@ VLLM_KNOBS: Mapping[str, float | int] = MappingProxyType({
     "cache_tokens": 4096 * 16,
     "batch_tokens": 2048,
 })
-
-
-class PromptTooLong(ModelTooLarge):
-    """The request does not fit in the model's context (vLLM answers such a request with an
-    error at once)."""
 
 
 # --- hashing ---------------------------------------------------------------------------------
@@ -409,7 +404,7 @@ class BatchModel:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {prompt + (want or 0) if asked else prompt} tokens ({prompt} in "
                 "the messages). Please reduce the length of the messages or completion.")
-        # As SimpleModel: a cap the request names ends it with "length", the double's own
+        # As SlotModel: a cap the request names ends it with "length", the double's own
         # cap stands for the model stopping by itself.
         output = min(want, cap) if want is not None and asked else cap
         reason = LENGTH if want is not None and asked and want <= cap else STOP

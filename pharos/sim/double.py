@@ -53,6 +53,7 @@ from pharos.sim.model import (
     Job,
     Knobs,
     ModelTooLarge,
+    PromptTooLong,
     UnknownModel,
 )
 from pharos.sim.ollama import KEEP_ALIVE_S, OllamaFlavor
@@ -325,6 +326,8 @@ class EngineDouble:
             job = self.model.submit(gen, reply)
         except UnknownModel:
             return _answer(request, self.flavor.error(404, f"model {model!r} not found", path))
+        except PromptTooLong as e:
+            return _answer(request, self.flavor.error(400, str(e), path))
         except ModelTooLarge as e:
             return _answer(request, self.flavor.error(500, str(e), path))
         reply.start(job)

@@ -183,6 +183,11 @@ class UnknownModel(Exception):
     """The engine serves no model of that name."""
 
 
+class PromptTooLong(Exception):
+    """The request does not fit in the model's context: the engine refuses it at once (vLLM
+    answers 400)."""
+
+
 class ModelTooLarge(Exception):
     """The model does not fit in host memory even with every other model unloaded."""
 

@@ -572,6 +572,3 @@ def _reply(tokens: int) -> bytes:
     """The text of a reply's first ``tokens`` tokens."""
     return "".join(token_text(i) for i in range(tokens)).encode()
 
-
-#: The former name, while anything still says it.
-SimpleModel = SlotModel

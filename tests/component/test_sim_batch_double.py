@@ -96,3 +96,18 @@ async def test_metrics_show_the_batch_model_through_the_probes(rigs: list[Rig]) 
     assert samples["vllm:prefix_cache_queries_total"][0][1] >= 4 * 40
     snap, _ = await plan.scrape(tight.fetcher, full=False)
     assert (snap.load["tiny"].running, snap.load["tiny"].waiting) == (0, 0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_prompt_longer_than_the_context_is_a_400(rigs: list[Rig]) -> None:
+    """A prompt that cannot fit in the KV pool is refused at once with a 400 in vLLM's error
+    shape, as vLLM refuses a request over its context length."""
+    clock = Clock()
+    rig = Rig(VLLM, clock, cache_tokens=256)
+    rigs.append(rig)
+    response = await rig.post("/v1/chat/completions", chat(text(1000, "b")))
+    body = await rig.read(response)
+    assert (await body.ended()).check(ResponseDone)
+    assert response.code == 400
+    assert "error" in json.loads(body.data)
+    assert rig.double.stats.started == 0

@@ -11,7 +11,7 @@ from itertools import pairwise
 import pytest
 from twisted.internet.task import Clock
 
-from pharos.sim.batch import VLLM_KNOBS, BatchModel, BlockPool, Chain, PromptTooLong
+from pharos.sim.batch import VLLM_KNOBS, BatchModel, BlockPool, Chain
 from pharos.sim.cli import double_args, parser
 from pharos.sim.model import (
     CANCELLED,
@@ -23,6 +23,7 @@ from pharos.sim.model import (
     GenRequest,
     Job,
     Knobs,
+    PromptTooLong,
     token_text,
 )
 from pharos.sim.prompt import chain_blocks
