@@ -19,6 +19,7 @@ from pharos.prefix import chain
 from pharos.sched import Lease, SchedRequest, Scheduler
 from pharos.state.state import State
 from pharos.state.stats import Sample
+from tests.unit.test_plan import FakeBackend
 from tests.unit.test_sched import fleet, granted, llamacpp
 
 SYSTEM = "You are a careful assistant. " * 400  # ~11 kB: ~2,800 estimated tokens
@@ -187,3 +188,43 @@ def test_hot_root_prefix_gets_a_second_owner() -> None:
     placed = sched.decide(chat("qz"), sched.targets(chat("qz")))
     assert placed.hot_owners and holder not in placed.hot_owners
     assert len({lease.target.id for lease in leases}) >= 2
+
+
+def test_queued_prefill_is_waited_for() -> None:
+    """A target with prefill already queued (requests without a first byte) costs that much
+    wait even with free slots; the queue drains at the first byte or, failing that, at
+    release."""
+    sched, _ = three(slots=8)
+    first = granted(sched.acquire("k", 1, chat("q1")))
+    t = first.target
+    assert first.prefill_sec > 0 and t.queued_prefill == first.prefill_sec
+    second = granted(sched.acquire("k", 1, chat("q2", system="another system prompt " * 300)))
+    assert second.target is not t  # the first one's prefill is still queued there
+    placed = sched.decide(chat("q3"), sched.targets(chat("q3")))
+    waits = {s.target_id: s.wait for s in placed.decision.scores}
+    assert waits[t.id] == first.prefill_sec
+    first.first_byte()
+    assert t.queued_prefill == 0 and t.unstarted == 0
+    ok(first, cached=0)
+    assert t.queued_prefill == 0
+    second.release(None)
+    assert second.target.queued_prefill == 0 and second.target.unstarted == 0
+
+
+def test_shared_cache_engines_learn_at_the_first_byte() -> None:
+    """On a vLLM target the prompt is recorded at the reply's first byte (its cache serves
+    other requests from then on); on llama.cpp only when the reply ends."""
+    vllm = FakeBackend({
+        "/version": (200, b'{"version":"0.32.0"}'),
+        "/v1/models": (200, b'{"data":[{"id":"m"}]}'),
+        "/metrics": (200, b'vllm:num_requests_running{model_name="m"} 0\n'
+                     b'vllm:num_requests_waiting{model_name="m"} 0\n'),
+    })
+    for kind, fake, at_first_byte in (("vllm", vllm, True), ("llamacpp", llamacpp(4), False)):
+        sched, state, _ = fleet({
+            "http://a:1": (fake, BackendSpec(url="http://a:1", kind=kind, capacity=4)),  # type: ignore[arg-type]
+        })
+        lease = granted(sched.acquire("k", 1, chat("q1")))
+        assert lease.target.backend.kind == kind
+        lease.first_byte()
+        assert bool(sched.index.lookup(chat("q").chain, sched._gen)) is at_first_byte, kind
