@@ -41,13 +41,13 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import dataclass, field
 from hashlib import blake2b
 from types import MappingProxyType
 
 from twisted.internet.interfaces import IReactorTime
 
+from pharos.sim.engine import ModelCore, forget, tell
 from pharos.sim.model import (
     CANCELLED,
     DEFAULT_SLOTS,
@@ -55,7 +55,6 @@ from pharos.sim.model import (
     LENGTH,
     LOADED,
     RUNNING,
-    STOP,
     WAITING,
     EngineStatus,
     GenRequest,
@@ -66,7 +65,6 @@ from pharos.sim.model import (
     PromptTooLong,
     UnknownModel,
     _Timer,
-    _Timers,
     token_text,
 )
 from pharos.sim.prompt import BYTES_PER_TOKEN
@@ -319,7 +317,7 @@ class _Step:
     timer: _Timer | None = None
 
 
-class BatchModel:
+class BatchModel(ModelCore):
     """vLLM's V1 scheduler over a ``BlockPool`` (see the module docstring).
 
     ``models``: the one served model (name → size). ``slots``: vLLM's ``--max-num-seqs``.
@@ -343,7 +341,7 @@ class BatchModel:
             raise ValueError("slots (max_num_seqs) must be at least 1")
         if len(models) != 1:
             raise ValueError("a vLLM-like engine serves exactly one model")
-        self.knobs = k = knobs or Knobs()
+        k = knobs or Knobs()
         if k.batch_tokens < slots:
             raise ValueError(f"max_num_batched_tokens ({k.batch_tokens}) must be greater than "
                              f"or equal to max_num_seqs ({slots})")
@@ -353,29 +351,17 @@ class BatchModel:
         if capacity < 1 or self.max_model_len < 2 or self.max_model_len > pool_tokens:
             raise ValueError(f"a KV pool of {capacity} blocks of {k.block_tokens} tokens cannot "
                              f"hold one request of max_model_len {self.max_model_len}")
-        self.clock = clock
-        self.slots = slots
+        super().__init__(clock, slots, k)
         ((self._name, self._size),) = models.items()
         self._bt = k.block_tokens
         self._block_bytes = k.block_tokens * BYTES_PER_TOKEN
         self._pool = BlockPool(capacity)
-        self._timers = _Timers(clock)
         self._running: list[_Seq] = []
         self._waiting: deque[_Seq] = deque()
         self._seqs: dict[int, _Seq] = {}
-        self._controls: dict[int, _Timer] = {}
         self._free_slots = list(range(slots))
         self._step: _Step | None = None
-        self._next_id = 0
         self._last_used = clock.seconds()
-        self._prompt_total = 0
-        self._computed_total = 0
-        self._cached_total = 0
-        self._generated_total = 0
-        self._prefill_total = 0.0
-        self._decode_total = 0.0
-        self._tokens_max = 0
-        self._finished: dict[str, int] = {}
         self._preemptions = 0
         self._queries = 0
         self._hits = 0
@@ -393,10 +379,9 @@ class BatchModel:
             job = Job(id=self._next_id, request=request, listener=listener, queued_at=now,
                       prompt_tokens=0, output_tokens=0, state=RUNNING,
                       control_reason=request.control)
-            self._controls[job.id] = self._timers.after(0, partial(self._control_done, job))
+            self._control(job)
             return job
         prompt = request.prompt_tokens
-        cap = self.knobs.max_output_tokens
         want = request.max_tokens
         asked = want is not None and want > 0
         if prompt >= self.max_model_len or (asked and prompt + (want or 0) > self.max_model_len):
@@ -404,10 +389,7 @@ class BatchModel:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {prompt + (want or 0) if asked else prompt} tokens ({prompt} in "
                 "the messages). Please reduce the length of the messages or completion.")
-        # As SlotModel: a cap the request names ends it with "length", the double's own
-        # cap stands for the model stopping by itself.
-        output = min(want, cap) if want is not None and asked else cap
-        reason = LENGTH if want is not None and asked and want <= cap else STOP
+        output, reason = self._output(request)
         if prompt + output > self.max_model_len:
             output, reason = self.max_model_len - prompt, LENGTH
         job = Job(id=self._next_id, request=request, listener=listener, queued_at=now,
@@ -442,10 +424,7 @@ class BatchModel:
             self._running.remove(seq)
             self._pool.free(job.id)
             heapq.heappush(self._free_slots, job.slot if job.slot is not None else 0)
-        job.state = CANCELLED
-        job.finished_at = now
-        job.request = replace(job.request, prompt=b"")
-        self._finished["abort"] = self._finished.get("abort", 0) + 1
+        self._cancelled(job, now)
         self._last_used = now
 
     def status(self) -> EngineStatus:
@@ -454,27 +433,9 @@ class BatchModel:
         jobs = sorted((s.job for s in self._running), key=lambda j: j.slot or 0)
         model = ModelStatus(self._name, self._size, LOADED, len(self._running),
                             len(self._waiting), pool.held * self._bt, self._last_used, None)
-        return EngineStatus(
-            slots=self.slots,
-            models=(model,),
-            jobs=tuple(jobs),
-            kv_capacity=pool.capacity * self._bt,
-            prompt_tokens_total=self._prompt_total,
-            computed_tokens_total=self._computed_total,
-            cached_tokens_total=self._cached_total,
-            generated_tokens_total=self._generated_total,
-            prefill_seconds_total=self._prefill_total,
-            decode_seconds_total=self._decode_total,
-            tokens_max=self._tokens_max,
-            finished=dict(self._finished),
-            preemptions=self._preemptions,
-            prefix_queries_total=self._queries,
-            prefix_hits_total=self._hits,
-        )
-
-    def hold(self) -> None:
-        """Freeze the timeline: the step in flight stops where it is."""
-        self._timers.hold()
+        return self._status((model,), jobs, pool.capacity * self._bt,
+                            preemptions=self._preemptions, prefix_queries_total=self._queries,
+                            prefix_hits_total=self._hits)
 
     def release(self) -> None:
         """Resume: the step in flight ends after what remained of it, later ones follow."""
@@ -489,16 +450,10 @@ class BatchModel:
 
     def stop(self) -> None:
         """Cancel every pending step."""
-        self._timers.cancel_all()
-        self._controls.clear()
+        super().stop()
         self._step = None
 
     # -- extras for tests and the wire layer --
-
-    @property
-    def held(self) -> bool:
-        """Whether ``hold`` is in force."""
-        return self._timers.held
 
     @property
     def pool(self) -> BlockPool:
@@ -601,9 +556,7 @@ class BatchModel:
             if job.admitted_at is None:
                 job.admitted_at = self.clock.seconds()
                 job.cached_tokens = cached
-                self._prompt_total += job.prompt_tokens
-                self._cached_total += cached
-                self._computed_total += job.prompt_tokens - cached
+                self._count_admit(job)
             self._schedule(step, seq, n)
         step.joinable = not waiting
 
@@ -665,30 +618,14 @@ class BatchModel:
             self._running = [s for s in self._running if s.job.state == RUNNING]
         self._last_used = now
         self._begin(step.end)
-        for job, index, last in events:
-            if job.state == CANCELLED:
-                continue
-            job.listener.token(job, index, token_text(index), last)
-            if last:
-                job.listener.done(job)
+        tell(events)
 
     def _finish(self, seq: _Seq, now: float) -> None:
         """``seq`` produced its last token: its blocks and sequence go back (the caller drops
         it from the running list)."""
         job = seq.job
-        job.state = DONE
-        job.finished_at = now
+        self._done(job, now)
         self._pool.free(job.id)
         heapq.heappush(self._free_slots, job.slot if job.slot is not None else 0)
         del self._seqs[job.id]
-        reason = job.finish_reason or STOP
-        self._finished[reason] = self._finished.get(reason, 0) + 1
-        self._decode_total += job.decode_seconds
-        self._tokens_max = max(self._tokens_max, job.prompt_tokens + job.tokens_done)
-        job.request = replace(job.request, prompt=b"")  # a finished job keeps no text
-
-    def _control_done(self, job: Job) -> None:
-        self._controls.pop(job.id, None)
-        job.state = DONE
-        job.finished_at = self.clock.seconds()
-        job.listener.done(job)
+        forget(job)

@@ -40,22 +40,21 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 from twisted.internet.interfaces import IReactorTime
 
+from pharos.sim.engine import ModelCore, forget, tell
 from pharos.sim.model import (
     CANCELLED,
     COLD,
     DEFAULT_SLOTS,
     DONE,
-    LENGTH,
     LOAD,
     LOADED,
     LOADING,
     RUNNING,
-    STOP,
     UNLOAD,
     EngineStatus,
     GenRequest,
@@ -66,7 +65,6 @@ from pharos.sim.model import (
     ModelTooLarge,
     UnknownModel,
     _Timer,
-    _Timers,
     token_text,
 )
 from pharos.sim.prompt import BLOCK_TOKENS, chain_blocks
@@ -147,7 +145,7 @@ def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     return n
 
 
-class SlotModel:
+class SlotModel(ModelCore):
     """The slot, batch and residency model described in the module docstring."""
 
     def __init__(
@@ -162,25 +160,12 @@ class SlotModel:
             raise ValueError("slots must be at least 1")
         if not models:
             raise ValueError("a model needs at least one model name")
-        self.clock = clock
-        self.slots = slots
-        self.knobs = knobs or Knobs()
+        super().__init__(clock, slots, knobs)
         #: Blocks one slot's cache holds: its share of the context.
         self.slot_blocks = self.knobs.cache_tokens // slots // BLOCK_TOKENS
-        self._timers = _Timers(clock)
         self._held_at = 0.0
         self._models = {name: _Model(name, size, slots, self.knobs)
                         for name, size in models.items()}
-        self._controls: dict[Job, _Timer] = {}
-        self._next_id = 0
-        self._prompt_total = 0
-        self._computed_total = 0
-        self._cached_total = 0
-        self._generated_total = 0
-        self._prefill_total = 0.0
-        self._decode_total = 0.0
-        self._tokens_max = 0
-        self._finished: dict[str, int] = {}
         now = clock.seconds()
         for name in loaded:
             m = self._model(name)
@@ -199,9 +184,7 @@ class SlotModel:
             raise ModelTooLarge(f"{m.name} needs {m.size} bytes, the host has "
                                 f"{self.knobs.host_memory}")
         self._next_id += 1
-        cap = self.knobs.max_output_tokens
-        want = request.max_tokens
-        output = cap if want is None or want <= 0 else min(want, cap)
+        output, reason = self._output(request)
         job = Job(
             id=self._next_id,
             request=request,
@@ -210,8 +193,7 @@ class SlotModel:
             prompt_tokens=0 if request.control else request.prompt_tokens,
             output_tokens=0 if request.control else output,
         )
-        job.finish_reason = None if request.control else (
-            LENGTH if want is not None and 0 < want <= cap else STOP)
+        job.finish_reason = None if request.control else reason
         if not request.control:
             job._blocks = chain_blocks(request.prompt)
         if request.keep_alive is not None:
@@ -221,7 +203,7 @@ class SlotModel:
             m.keep_alive = 0.0
             job.control_reason = UNLOAD
             job.state = RUNNING
-            self._controls[job] = self._timers.after(0, partial(self._control_done, job))
+            self._control(job)
             if m.idle:
                 self._idle(m)
             return job
@@ -234,7 +216,7 @@ class SlotModel:
         if job.state in (DONE, CANCELLED):
             return
         now = self.clock.seconds()
-        control = self._controls.pop(job, None)
+        control = self._controls.pop(job.id, None)
         if control is not None:
             control.cancel()
         m = self._models[job.request.model]
@@ -243,11 +225,7 @@ class SlotModel:
         slot = m.holding(job)
         if slot is not None:
             self._vacate(slot, job, now, self._computed(slot, job))
-        job.state = CANCELLED
-        job.finished_at = now
-        job.request = replace(job.request, prompt=b"")
-        if job.request.control is None:
-            self._finished["abort"] = self._finished.get("abort", 0) + 1
+        self._cancelled(job, now)
         m.last_used = now
         if m.idle:
             self._idle(m)
@@ -274,27 +252,14 @@ class SlotModel:
                                       kv, m.last_used, expires))
             jobs.extend(running)
             served.extend(s.last for s in m.slots if s.job is None and s.last is not None)
-        return EngineStatus(
-            slots=self.slots,
-            models=tuple(models),
-            jobs=tuple(sorted(jobs, key=lambda j: j.slot or 0)),
-            kv_capacity=self.knobs.cache_tokens,
-            served=tuple(served),
-            prompt_tokens_total=self._prompt_total,
-            computed_tokens_total=self._computed_total,
-            cached_tokens_total=self._cached_total,
-            generated_tokens_total=self._generated_total,
-            prefill_seconds_total=self._prefill_total,
-            decode_seconds_total=self._decode_total,
-            tokens_max=self._tokens_max,
-            finished=dict(self._finished),
-        )
+        return self._status(models, sorted(jobs, key=lambda j: j.slot or 0),
+                            self.knobs.cache_tokens, served=served)
 
     def hold(self) -> None:
         """Freeze the model's clock."""
         if not self._timers.held:
             self._held_at = self.clock.seconds()
-        self._timers.hold()
+        super().hold()
 
     def release(self) -> None:
         """Unfreeze the model's clock: steps in flight end as much later as the hold lasted."""
@@ -311,19 +276,13 @@ class SlotModel:
 
     def stop(self) -> None:
         """Cancel every pending step."""
-        self._timers.cancel_all()
-        self._controls.clear()
+        super().stop()
         for m in self._models.values():
             m.expiry = None
             m.step = None
             m.kick = None
 
     # -- extras for tests --
-
-    @property
-    def held(self) -> bool:
-        """Whether ``hold`` is in force."""
-        return self._timers.held
 
     def cached_prefix(self, model: str, prompt: bytes) -> int:
         """Tokens of ``prompt`` the free slot it would take holds now (0 with none free)."""
@@ -358,8 +317,7 @@ class SlotModel:
                 if job.request.control:
                     job.state = RUNNING
                     job.control_reason = LOAD
-                    self._controls[job] = self._timers.after(
-                        0, partial(self._control_done, job))
+                    self._control(job)
                 else:
                     self._admit(m, job, at)
                     admitted = True
@@ -424,12 +382,6 @@ class SlotModel:
             m.expiry.cancel()
             m.expiry = None
 
-    def _control_done(self, job: Job) -> None:
-        self._controls.pop(job, None)
-        job.state = DONE
-        job.finished_at = self.clock.seconds()
-        job.listener.done(job)
-
     # -- slots --
 
     def _admit(self, m: _Model, job: Job, now: float) -> None:
@@ -451,10 +403,7 @@ class SlotModel:
         m.last_used = now
         # An engine always computes at least the prompt's last token.
         job.cached_tokens = min(common * BLOCK_TOKENS, job.prompt_tokens - 1)
-        uncached = job.prompt_tokens - job.cached_tokens
-        self._prompt_total += job.prompt_tokens
-        self._computed_total += uncached
-        self._cached_total += job.cached_tokens
+        self._count_admit(job)
 
     def _computed(self, slot: _Slot, job: Job) -> tuple[bytes, ...]:
         """The blocks a dropped job leaves in its slot: what its finished steps computed."""
@@ -471,15 +420,10 @@ class SlotModel:
         slot.started = None
 
     def _finish(self, m: _Model, slot: _Slot, job: Job, now: float) -> None:
-        job.state = DONE
-        job.finished_at = now
-        reason = job.finish_reason or STOP
-        self._finished[reason] = self._finished.get(reason, 0) + 1
-        self._decode_total += job.decode_seconds
-        self._tokens_max = max(self._tokens_max, job.prompt_tokens + job.tokens_done)
+        self._done(job, now)
         # The reply is cached with the prompt: a next turn that repeats it hits.
         self._vacate(slot, job, now, chain_blocks(job.request.prompt + _reply(job.tokens_done)))
-        job.request = replace(job.request, prompt=b"")  # a finished job keeps no text
+        forget(job)
         m.last_used = now
         if m.idle:
             self._idle(m)
@@ -560,12 +504,7 @@ class SlotModel:
             m.stepping = False
         if m.state == LOADED:
             self._start(m, end)
-        for job, index, last in events:
-            if job.state == CANCELLED:
-                continue
-            job.listener.token(job, index, token_text(index), last)
-            if last and job.state != CANCELLED:
-                job.listener.done(job)
+        tell(events)
 
 
 def _reply(tokens: int) -> bytes:
