@@ -5,7 +5,6 @@ library shows the running, waiting, KV usage and preemption numbers of the model
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest_twisted
 from twisted.internet.task import Clock
@@ -16,15 +15,8 @@ from pharos.engine.plan import resolve
 from pharos.engine.probes import prom_samples
 from pharos.sim.batch import BatchModel
 from pharos.sim.wire import split_events
-from tests.component.test_sim_doubles import Rig, chat, run, started
-
-
-@pytest_twisted.async_yield_fixture()
-async def rigs() -> AsyncIterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for rig in made:
-        await rig.close()
+from tests.component.test_sim_doubles import Rig, chat, started
+from tests.sim_helpers import run
 
 
 def text(n_tokens: int, seed: str) -> str:

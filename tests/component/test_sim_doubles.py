@@ -5,7 +5,7 @@ when the client leaves or the engine is killed."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,21 +29,11 @@ from pharos.engine.probes import prom_samples
 from pharos.engine.signals import WHOLE_BACKEND, Residency
 from pharos.sim.double import EngineDouble, pinned_capture, start_double
 from pharos.sim.wire import shape_of, split_events
+from tests.sim_helpers import run
 
 GB = 10**9
 #: Fast enough for real time: replies finish within a reactor turn or two.
 INSTANT: dict[str, Any] = {"prefill_s": 0.0, "decode_s": 0.0, "load_s": 0.0}
-
-
-def run(clock: Clock, seconds: float) -> None:
-    """Move the clock ``seconds`` ahead, firing each call at its own time."""
-    end = clock.seconds() + seconds
-    while True:
-        due = [c.getTime() for c in clock.getDelayedCalls() if c.getTime() <= end]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(end - clock.seconds())
 
 
 class Body(Protocol):
@@ -133,14 +123,6 @@ class Rig:
         stopped = self.port.stopListening()
         if stopped is not None:
             await stopped
-
-
-@pytest_twisted.async_yield_fixture()
-async def rigs() -> AsyncIterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for rig in made:
-        await rig.close()
 
 
 def started(double: EngineDouble, n: int) -> Callable[[], bool]:

@@ -19,49 +19,17 @@ from pharos.sim.model import (
     UNLOAD,
     WAITING,
     GenRequest,
-    Job,
     Knobs,
     ModelTooLarge,
     UnknownModel,
 )
 from pharos.sim.prompt import BLOCK_TOKENS, chain_blocks, count_tokens
 from pharos.sim.slots import SlotModel
+from tests.sim_helpers import Listener, prompt, run
 
 GB = 10**9
 FAST = Knobs(prefill_s=0.001, decode_s=0.01, load_s=2.0, max_output_tokens=5,
              prefill_pair_s=0.0, prefill_fixed_s=0.0, decode_seq_s=0.0)
-
-
-class Listener:
-    """Records what a job produced, with the clock time of each event."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.tokens: list[tuple[int, str, bool, float]] = []
-        self.done_at: float | None = None
-
-    def token(self, job: Job, index: int, text: str, last: bool) -> None:
-        self.tokens.append((index, text, last, self.clock.seconds()))
-
-    def done(self, job: Job) -> None:
-        self.done_at = self.clock.seconds()
-
-
-def run(clock: Clock, seconds: float) -> None:
-    """Move the clock ``seconds`` ahead, firing each call at its own time (``Clock.advance``
-    alone runs everything at the end time, so chained steps would drift)."""
-    end = clock.seconds() + seconds
-    while True:
-        due = [c.getTime() for c in clock.getDelayedCalls() if c.getTime() <= end]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(end - clock.seconds())
-
-
-def prompt(n_tokens: int, seed: str = "a") -> bytes:
-    """A prompt of exactly ``n_tokens`` tokens (4 bytes each)."""
-    return (seed * (4 * n_tokens))[: 4 * n_tokens].encode()
 
 
 def test_idle_ttft_is_prefill_of_the_prompt_then_one_token_per_decode_step() -> None:
@@ -76,10 +44,10 @@ def test_idle_ttft_is_prefill_of_the_prompt_then_one_token_per_decode_step() -> 
     assert seen.tokens == []
     run(clock, 0.0001)
     assert job.ttft == pytest.approx(0.1)
-    assert [t[0] for t in seen.tokens] == [0]
+    assert [e.index for e in seen.tokens] == [0]
     run(clock, 0.01)
     run(clock, 0.01)
-    assert [(t[0], t[2]) for t in seen.tokens] == [(0, False), (1, False), (2, True)]
+    assert [(e.index, e.last) for e in seen.tokens] == [(0, False), (1, False), (2, True)]
     assert seen.done_at == pytest.approx(0.12)
     assert job.finish_reason == LENGTH and job.tokens_done == 3
     assert model.status().running == 0

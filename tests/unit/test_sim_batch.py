@@ -5,7 +5,7 @@ status counters."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -27,47 +27,10 @@ from pharos.sim.model import (
     token_text,
 )
 from pharos.sim.prompt import chain_blocks
+from tests.sim_helpers import Listener, run
 
 #: The vLLM double's defaults, with a short output cap.
 K = Knobs(**VLLM_KNOBS, max_output_tokens=8)  # type: ignore[arg-type]
-
-
-@dataclass
-class Event:
-    index: int
-    text: str
-    last: bool
-    at: float
-    reason: str | None
-
-
-@dataclass
-class Listener:
-    """Records a job's tokens (with the clock time and the finish reason then) and its end."""
-
-    clock: Clock
-    tokens: list[Event] = field(default_factory=list)
-    done_at: float | None = None
-
-    def token(self, job: Job, index: int, text: str, last: bool) -> None:
-        self.tokens.append(Event(index, text, last, self.clock.seconds(), job.finish_reason))
-
-    def done(self, job: Job) -> None:
-        self.done_at = self.clock.seconds()
-
-    def times(self) -> list[float]:
-        return [e.at for e in self.tokens]
-
-
-def run(clock: Clock, seconds: float) -> None:
-    """Move the clock ``seconds`` ahead, firing each call at its own time."""
-    end = clock.seconds() + seconds
-    while True:
-        due = [c.getTime() for c in clock.getDelayedCalls() if c.getTime() <= end]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(end - clock.seconds())
 
 
 def prompt(n_tokens: int, seed: str = "a") -> bytes:

@@ -14,42 +14,12 @@ from pharos.sim.double import EngineDouble, pinned_capture
 from pharos.sim.model import CANCELLED, COLD, LOADED, RUNNING, WAITING, GenRequest, Job, Knobs
 from pharos.sim.slots import SlotModel
 from pharos.sim.wire import shape_of
+from tests.sim_helpers import Listener, prompt, run
 
 GB = 10**9
 #: Every term of P(u, c) and of the decode step non-zero, so the tests see each one.
 K = Knobs(prefill_s=0.001, decode_s=0.01, load_s=2.0, max_output_tokens=4,
           prefill_pair_s=1e-6, prefill_fixed_s=0.005, decode_seq_s=0.002, cache_tokens=4096)
-
-
-class Listener:
-    """Records a job's tokens with the clock time of each, and its end."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.tokens: list[tuple[int, bool, float]] = []
-        self.done_at: float | None = None
-
-    def token(self, job: Job, index: int, text: str, last: bool) -> None:
-        self.tokens.append((index, last, self.clock.seconds()))
-
-    def done(self, job: Job) -> None:
-        self.done_at = self.clock.seconds()
-
-
-def run(clock: Clock, seconds: float) -> None:
-    """Move the clock ``seconds`` ahead, firing each call at its own time."""
-    end = clock.seconds() + seconds
-    while True:
-        due = [c.getTime() for c in clock.getDelayedCalls() if c.getTime() <= end]
-        if not due:
-            break
-        clock.advance(max(0.0, min(due) - clock.seconds()))
-    clock.advance(end - clock.seconds())
-
-
-def prompt(n_tokens: int, seed: str = "a") -> bytes:
-    """A prompt of exactly ``n_tokens`` tokens (4 bytes each), distinct per ``seed``."""
-    return (seed * (4 * n_tokens))[: 4 * n_tokens].encode()
 
 
 def warm(slots: int = 2, knobs: Knobs = K, **models: int) -> tuple[Clock, SlotModel]:
@@ -83,7 +53,7 @@ def test_idle_ttft_is_p_of_u_and_c_with_and_without_a_cached_prefix() -> None:
     run(clock, p - 1e-9)
     assert seen.tokens == []
     run(clock, 1e-9)
-    assert [t[0] for t in seen.tokens] == [0]
+    assert [e.index for e in seen.tokens] == [0]
     assert first.ttft == pytest.approx(p, abs=1e-12)
     assert first.prefill_seconds == pytest.approx(p, abs=1e-12)
     run(clock, 10)
@@ -109,8 +79,8 @@ def test_then_one_token_per_step() -> None:
     seen = Listener(clock)
     job = model.submit(GenRequest("m", prompt(10), max_tokens=3), seen)
     run(clock, 10)
-    times = [t[2] for t in seen.tokens]
-    assert [t[1] for t in seen.tokens] == [False, False, True]
+    times = seen.times()
+    assert [e.last for e in seen.tokens] == [False, False, True]
     assert times[1] - times[0] == pytest.approx(K.decode_s)
     assert times[2] - times[1] == pytest.approx(K.decode_s)
     assert seen.done_at == pytest.approx(times[2])
@@ -204,7 +174,7 @@ def test_decode_slows_with_more_active_slots() -> None:
         for i in range(n):
             model.submit(GenRequest("m", prompt(10, chr(97 + i))), seen[i])
         run(clock, 10)
-        gap = seen[0].tokens[2][2] - seen[0].tokens[1][2]
+        gap = seen[0].tokens[2].at - seen[0].tokens[1].at
         assert gap == pytest.approx(K.decode_s + K.decode_seq_s * (n - 1))
         gaps.append(gap)
     assert gaps == sorted(gaps) and gaps[0] < gaps[-1]
@@ -221,7 +191,7 @@ def test_a_new_prompt_shares_the_step_of_a_decoding_slot() -> None:
     run(clock, 0.015)  # prefill 0.01, first token; the first decode step runs to 0.02
     late = model.submit(GenRequest("m", prompt(100, "b")), Listener(clock))
     run(clock, 1)
-    times = [t[2] for t in seen.tokens]
+    times = seen.times()
     assert times[:3] == [pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.13)]
     assert late.first_token_at == pytest.approx(0.13)
     assert late.ttft == pytest.approx(0.13 - 0.015)
