@@ -411,9 +411,7 @@ class BatchModel(ModelCore):
         if job.state in (DONE, CANCELLED):
             return
         now = self.clock.seconds()
-        control = self._controls.pop(job.id, None)
-        if control is not None:
-            control.cancel()
+        if self._drop_control(job):
             job.state = CANCELLED
             job.finished_at = now
             return

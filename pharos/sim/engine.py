@@ -80,6 +80,14 @@ class ModelCore:
         """A load or unload request: it ends on the next turn."""
         self._controls[job.id] = self._timers.after(0, partial(self._control_done, job))
 
+    def _drop_control(self, job: Job) -> bool:
+        """Cancel ``job``'s pending end if it is a control request in flight; whether it was."""
+        control = self._controls.pop(job.id, None)
+        if control is None:
+            return False
+        control.cancel()
+        return True
+
     def _control_done(self, job: Job) -> None:
         self._controls.pop(job.id, None)
         job.state = DONE

@@ -216,9 +216,7 @@ class SlotModel(ModelCore):
         if job.state in (DONE, CANCELLED):
             return
         now = self.clock.seconds()
-        control = self._controls.pop(job.id, None)
-        if control is not None:
-            control.cancel()
+        self._drop_control(job)
         m = self._models[job.request.model]
         if job in m.waiting:
             m.waiting.remove(job)
