@@ -79,6 +79,7 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
             procs.append(subprocess.Popen(
                 [str(exe / "pharos"), "sim-engine", "--kind", "vllm", "--port",
                  str(engine_port), "--slots", "64", "--prefill-ms", "0", "--decode-ms", "0",
+                 "--prefill-fixed-ms", "0", "--prefill-pair-ns", "0", "--decode-seq-us", "0",
                  "--max-tokens", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             _wait(engine_port, "/health")
             profile = os.environ.get("PHAROS_BENCH_PROFILE")  # a file: cProfile stats of Pharos
