@@ -108,7 +108,6 @@ class Lease:
     source: Source | None = None  # where the predicting slot came from
     est_ttft: float | None = None  # the policy's estimate for this target, seconds
     prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
-    behind: bool = False  # other requests' prefill was queued ahead of it at dispatch
     started: bool = False  # ...the first byte of the reply arrived
 
     def first_byte(self) -> None:
@@ -130,8 +129,6 @@ class Lease:
             self.started = True
             self.sched.unqueue(self)
         if sample is not None:
-            if self.behind:
-                sample = dataclasses.replace(sample, queued_behind=True)
             self.sched.state.feedback(t, sample)
             self.sched.learn(self, sample)
         else:
@@ -296,7 +293,7 @@ class Scheduler:
                       chain=req.chain,
                       predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,
                       source=match.source if match else None, est_ttft=terms[1],
-                      prefill_sec=terms[3] + terms[4], behind=target.unstarted > 0)
+                      prefill_sec=terms[3] + terms[4])
         target.queued_prefill += lease.prefill_sec
         target.unstarted += 1
         self._dispatched(req, target)

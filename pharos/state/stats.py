@@ -50,9 +50,6 @@ class Sample:
     prompt_eval_sec: float | None = None  # the engine's own prefill time, when it reports it
     load_sec: float | None = None  # the engine's own load time (Ollama load_duration)
     control: bool = False  # an Ollama load/unload request: teaches nothing
-    #: Other requests' prefill was queued ahead of it on the target: its TTFT is not its own
-    #: prefill time, so it teaches no prefill speed unless the engine reports prompt_eval_sec.
-    queued_behind: bool = False
 
 
 def learn(stats: TargetStats, s: Sample) -> bool:
@@ -77,6 +74,6 @@ def learn(stats: TargetStats, s: Sample) -> bool:
         if uncached >= MIN_UNCACHED_FOR_PREFILL:
             if s.prompt_eval_sec is not None:
                 stats.prefill_sec_per_token.add(s.prompt_eval_sec / uncached)
-            elif not cold and not s.queued_behind and s.ttft_sec is not None:
+            elif not cold and s.ttft_sec is not None:
                 stats.prefill_sec_per_token.add(s.ttft_sec / uncached)
     return cold

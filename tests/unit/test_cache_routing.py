@@ -228,20 +228,3 @@ def test_shared_cache_engines_learn_at_the_first_byte() -> None:
         assert lease.target.backend.kind == kind
         lease.first_byte()
         assert bool(sched.index.lookup(chat("q").chain, sched._gen)) is at_first_byte, kind
-
-
-def test_a_request_queued_behind_others_teaches_no_prefill_speed() -> None:
-    """TTFT over uncached tokens is a prefill speed only when nothing was queued ahead: a
-    request dispatched behind another's prefill leaves the estimate alone."""
-    sched, state, _ = fleet({"http://a:1": (llamacpp(slots=4), BackendSpec(url="http://a:1",
-                                                                        kind="llamacpp"))})
-    t = state.targets[0]
-    first = granted(sched.acquire("k", 1, chat("q1")))
-    second = granted(sched.acquire("k", 1, chat("q2", system="other " * 500)))
-    assert not first.behind and second.behind
-    second.release(Sample(ok=True, dispatched_cold=False, ttft_sec=5.0, duration_sec=6.0,
-                          prompt_tokens=1000, cached_tokens=0))
-    assert t.stats.prefill_sec_per_token.value is None
-    first.release(Sample(ok=True, dispatched_cold=False, ttft_sec=1.0, duration_sec=2.0,
-                         prompt_tokens=1000, cached_tokens=0))
-    assert t.stats.prefill_sec_per_token.value == 0.001
