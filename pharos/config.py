@@ -51,6 +51,18 @@ DEFAULT_WEIGHT: Final = 1
 DEFAULT_RETENTION_DAYS: Final = 400
 DEFAULT_DRAIN_GRACE: Final = 5.0
 DEFAULT_DRAIN_TIMEOUT: Final = 600.0
+#: Time to the first byte of an engine's reply, by route family. Generation covers a cold load
+#: and a long prefill behind a busy engine's queue, and a non-streamed reply whose first byte
+#: is its last (Ollama, vLLM: a 4,000-token reply at 10 tokens/s is 400 s). A backend that
+#: stops answering its scrapes abandons its requests within seconds; this is the backstop.
+DEFAULT_FIRST_BYTE_GENERATE: Final = 600.0
+DEFAULT_FIRST_BYTE_EMBEDDINGS: Final = 120.0
+#: A reply that sends nothing for this long is cut, as an engine death is.
+DEFAULT_STREAM_IDLE: Final = 120.0
+#: A client's request line and headers must arrive within this (slowloris).
+DEFAULT_REQUEST_HEADERS: Final = 10.0
+#: Requests waiting this long with none starting and no lease given back: /healthz is 503.
+DEFAULT_QUEUE_STUCK: Final = 300.0
 
 #: Top-level fields a reload applies without a restart (§10 hot reload); every other field,
 #: including any added later, is reported as needing a restart, which is the safe side.
@@ -237,6 +249,17 @@ class Drain:
 
 
 @dataclass(frozen=True, slots=True)
+class Timeouts:
+    """The data plane's time limits in seconds (config ``timeouts:``)."""
+
+    first_byte_generate: float = DEFAULT_FIRST_BYTE_GENERATE
+    first_byte_embeddings: float = DEFAULT_FIRST_BYTE_EMBEDDINGS
+    stream_idle: float = DEFAULT_STREAM_IDLE
+    request_headers: float = DEFAULT_REQUEST_HEADERS
+    queue_stuck: float = DEFAULT_QUEUE_STUCK
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """The cost policy's guards and the prefix index's size (spec §6, §7). ``None`` turns a
     guard off; the defaults are documented where they are defined (``pharos.policy``,
@@ -273,6 +296,7 @@ class Config:
     drain: Drain = Drain()
     peers: Peers | None = None
     routing: Routing = Routing()
+    timeouts: Timeouts = Timeouts()
 
 
 def load_config(path: str | Path) -> Config:
@@ -488,7 +512,7 @@ class _Parser:
             raw,
             "",
             ("listen", "policy", "backends", "keys", "state_file", "usage", "drain", "peers",
-             "routing"),
+             "routing", "timeouts"),
         )
         if m is None:
             return Config()
@@ -509,7 +533,42 @@ class _Parser:
             drain=self.drain(m.get("drain")),
             peers=self.peers(m.get("peers")),
             routing=self.routing(m.get("routing")),
+            timeouts=self.timeouts(m.get("timeouts")),
         )
+
+    def timeouts(self, raw: object) -> Timeouts:
+        if raw is None:
+            return Timeouts()
+        m = self.mapping(raw, "timeouts",
+                         ("first_byte", "stream_idle", "request_headers", "queue_stuck"))
+        if m is None:
+            return Timeouts()
+        generate, embeddings = DEFAULT_FIRST_BYTE_GENERATE, DEFAULT_FIRST_BYTE_EMBEDDINGS
+        if m.get("first_byte") is not None:
+            fb = self.mapping(m["first_byte"], "timeouts.first_byte", ("generate", "embeddings"))
+            if fb is not None:
+                generate = self.positive(fb.get("generate"), "timeouts.first_byte.generate",
+                                         generate)
+                embeddings = self.positive(fb.get("embeddings"),
+                                           "timeouts.first_byte.embeddings", embeddings)
+        return Timeouts(
+            first_byte_generate=generate,
+            first_byte_embeddings=embeddings,
+            stream_idle=self.positive(m.get("stream_idle"), "timeouts.stream_idle",
+                                      DEFAULT_STREAM_IDLE),
+            request_headers=self.positive(m.get("request_headers"), "timeouts.request_headers",
+                                          DEFAULT_REQUEST_HEADERS),
+            queue_stuck=self.positive(m.get("queue_stuck"), "timeouts.queue_stuck",
+                                      DEFAULT_QUEUE_STUCK),
+        )
+
+    def positive(self, raw: object, path: str, default: float) -> float:
+        """A duration above zero (a zero time limit would refuse everything)."""
+        value = self.duration(raw, path, default)
+        if raw is not None and value <= 0:
+            self.expected(path, "a duration above zero", raw)
+            return default
+        return value
 
     def routing(self, raw: object) -> Routing:
         if raw is None:

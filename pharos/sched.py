@@ -109,6 +109,12 @@ class Lease:
     est_ttft: float | None = None  # the policy's estimate for this target, seconds
     prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
     started: bool = False  # ...the first byte of the reply arrived
+    granted_at: float = 0.0
+    moved_at: float | None = None  # the last byte of its reply relayed (the watchdog's clue)
+
+    def touch(self) -> None:
+        """Bytes of the reply moved (called per relayed chunk)."""
+        self.moved_at = self.sched.state.clock.seconds()
 
     def first_byte(self) -> None:
         """The engine answered: its prefill is no longer queued on the target, and an engine
@@ -125,6 +131,8 @@ class Lease:
         self.released = True
         t = self.target
         t.inflight -= 1
+        self.sched.leases.discard(self)
+        self.sched.released_at = self.sched.state.clock.seconds()
         if not self.started:
             self.started = True
             self.sched.unqueue(self)
@@ -181,6 +189,12 @@ class Scheduler:
         self._left = 0
         self.waiting = 0
         self._kicking = False
+        #: Leases held now, for the watchdog; when a request last started or a lease was
+        #: last given back (a queue with neither for long is wedged: /healthz).
+        self.leases: set[Lease] = set()
+        self.granted_at: float | None = None
+        self.released_at: float | None = None
+        self.waiting_since: float | None = None
 
     # --- admission -----------------------------------------------------------------------
 
@@ -201,6 +215,8 @@ class Scheduler:
             q.appendleft(w)
         else:
             q.append(w)
+        if not self.waiting:
+            self.waiting_since = self.state.clock.seconds()
         self.waiting += 1
         self.kick()
         w.arriving = False
@@ -208,6 +224,15 @@ class Scheduler:
             self._leave(w)
             return fail(QueueFull())
         return w.d
+
+    def stuck_for(self, now: float) -> float | None:
+        """How long requests have waited with no request starting and no lease given back;
+        None while nothing waits."""
+        if not self.waiting:
+            return None
+        last = max(x for x in (self.granted_at, self.released_at, self.waiting_since)
+                   if x is not None)
+        return now - last
 
     def _leave(self, w: _Waiter) -> None:
         q = self._queues.get(w.key)
@@ -296,6 +321,9 @@ class Scheduler:
                       prefill_sec=terms[3] + terms[4])
         target.queued_prefill += lease.prefill_sec
         target.unstarted += 1
+        now = self.state.clock.seconds()
+        lease.granted_at = self.granted_at = now
+        self.leases.add(lease)
         self._dispatched(req, target)
         return lease
 

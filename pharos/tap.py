@@ -77,7 +77,9 @@ class PharosService(MultiService):
         self.sched = Scheduler(self.state, policy, index=PrefixIndex(r.prefix_entries),
                                guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization))
         self.state.on_round = lambda _backend: self.sched.kick()
-        self.public = PublicAPI(self.state, self.sched, self.client, reactor)
+        self.public = PublicAPI(self.state, self.sched, self.client, reactor,
+                                timeouts=config.timeouts)
+        self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
 
     def startService(self) -> None:

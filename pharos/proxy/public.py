@@ -8,36 +8,34 @@ first byte reaches the client, a refused connection or a 5xx is retried once els
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from klein import Klein
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
 from twisted.web.iweb import IRequest, IResponse
 from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from pharos.config import Timeouts
 from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
 from pharos.proxy.errors import ApiError
+from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
 from pharos.proxy.explain import explain
 from pharos.proxy.parse import Parsed, parse
-from pharos.proxy.relay import EngineDied, Relay, collect, response_headers, send
-from pharos.proxy.tap import StreamTap
-from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.proxy.relay import collect, response_headers, send
+from pharos.sched import Lease, Scheduler
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
-from pharos.state.stats import Sample
 
 log = Logger()
 
@@ -45,9 +43,6 @@ log = Logger()
 OLLAMA_BANNER = b"Ollama is running"
 #: The one key every client is while no keys are configured.
 ANONYMOUS = "anonymous"
-#: Routes whose missing support an engine shows with a 404 (coding agents, spec §9).
-AGENT_ROUTES = frozenset({"/v1/messages", "/v1/responses"})
-EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
 #: Ollama model-management routes Pharos does not serve.
 OLLAMA_UNSERVED = ("pull", "push", "delete", "create", "copy", "blobs")
 JSON = b"application/json"
@@ -69,8 +64,11 @@ class PublicAPI:
     app = Klein()
 
     def __init__(self, state: State, sched: Scheduler, client: HTTPClient,
-                 clock: IReactorTime, seed: Callable[[], int] | None = None) -> None:
+                 clock: IReactorTime, seed: Callable[[], int] | None = None,
+                 timeouts: Timeouts | None = None) -> None:
         self.state = state
+        self.timeouts = timeouts or Timeouts()
+        self.inflight = Inflight()
         self.sched = sched
         self.client = client
         self.clock = clock
@@ -88,9 +86,15 @@ class PublicAPI:
 
     @app.route("/healthz", methods=["GET", "HEAD"])
     def healthz(self, request: Request) -> bytes:
-        """503 until the first scrape round, so a load balancer never sends traffic blind."""
+        """503 until the first scrape round, so a load balancer never sends traffic blind; 503
+        again while requests wait and none has started (nor a lease been given back) for
+        ``timeouts.queue_stuck``: a wedged scheduler is unhealthy."""
         if not self.state.ready:
             return _json(request, 503, {"status": "starting"})
+        stuck = self.sched.stuck_for(self.clock.seconds())
+        if stuck is not None and stuck > self.timeouts.queue_stuck:
+            return _json(request, 503, {"status": "stuck", "waiting": self.sched.waiting,
+                                        "stuck_seconds": round(stuck, 1)})
         return _json(request, 200, {"status": "ok"})
 
     # --- errors in the client's shape ------------------------------------------------------
@@ -264,83 +268,22 @@ class PublicAPI:
         parsed = self._parse(request, path)
         if parsed.unfollowed is not None:
             self.sched.unfollowed[parsed.unfollowed] += 1
-        req = SchedRequest(parsed.model, parsed.prompt_tokens, self.seed(), kind=kind,
-                           chain=parsed.chain, session=_session(request, parsed))
-        tried: set[int] = set()
-        refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
-        connect_failure: str | None = None
-        elsewhere = 0  # retries on another target used (at most one)
-        stale_retry = True  # one retry on the same target after a dead pooled connection
-        while True:
-            retrying = elsewhere > 0 or not stale_retry
-            try:
-                lease = await self.sched.acquire(ANONYMOUS, 1,
-                                                 replace(req, exclude=frozenset(tried)),
-                                                 front=retrying)
-            except UnknownModel:
-                if retrying:
-                    break
-                raise errors.unknown_model(parsed.model) from None
-            except Unavailable:
-                if retrying:
-                    break
-                raise errors.unavailable(parsed.model) from None
-            except QueueFull:
-                raise errors.queue_full() from None
-            target = lease.target
-            sent_at = self.clock.seconds()
-            try:
-                response = await send(self.client, target.backend.url + path,
-                                      parsed.forward_body(target.served))
-            except CancelledError:
-                lease.release()
-                raise
-            except Exception as e:
-                lease.release()
-                if _cancelled(e):  # the client left while the request was on its way
-                    raise CancelledError() from None
-                if _stale(e) and stale_retry:
-                    # The engine had closed the pooled connection: nothing was answered, and
-                    # Twisted retries only idempotent requests (twisted#7843). Once more, on a
-                    # fresh connection to the same target.
-                    stale_retry = False
-                    continue
-                tried.add(target.id)
-                if _refused(e):
-                    self.state.eject(target.backend)
-                connect_failure = f"{target.backend.url}: {_describe(e)}"
-                log.warn("{url} failed before replying: {why}", url=target.backend.url,
-                         why=_describe(e))
-                if elsewhere:
-                    break
-                elsewhere += 1
-                continue
-            tried.add(target.id)
-            retry = response.code >= 500 or (path in AGENT_ROUTES and response.code == 404)
-            if retry and not elsewhere:
-                body = await collect(response)
-                lease.release(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
-                                     duration_sec=None))
-                refused = (response.code, response_headers(response), body, target)
-                if response.code != 503:
-                    log.warn("{url} answered {code}, retrying elsewhere: {msg}",
-                             url=target.backend.url, code=response.code, msg=_message(body))
-                elsewhere += 1
-                continue
-            await self._relay(request, response, lease, parsed, path, sent_at)
-            return
-        if refused is not None:
-            code, headers, body, target = refused
-            if path in AGENT_ROUTES and code == 404:
-                raise ApiError(400, f"{path} is not served by {target.backend.url}",
-                               code="route_not_served")
-            request.setResponseCode(code)
-            for k, vs in headers:
-                request.responseHeaders.setRawHeaders(k, vs)
-            request.setHeader(b"x-pharos-backend", target.backend.url.encode())
-            request.write(body)
-            return
-        raise errors.upstream(f"no backend answered: {connect_failure}")
+        limits = Limits(
+            first_byte=(self.timeouts.first_byte_embeddings if path in EMBEDDING_ROUTES
+                        else self.timeouts.first_byte_generate),
+            stream_idle=self.timeouts.stream_idle)
+        ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
+                      send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
+                      session=_session(request, parsed), start_reply=self._start_reply,
+                      key=ANONYMOUS)
+        await ex.run()
+
+    def _send(self, target: Target, path: str, body: bytes) -> Deferred[IResponse]:
+        return send(self.client, target.backend.url + path, body)
+
+    def backend_down(self, backend: BackendState, why: str) -> None:
+        """A backend stopped answering: its requests without a first byte go elsewhere."""
+        self.inflight.backend_down(backend, why)
 
     def _start_reply(self, request: Request, response: IResponse, target: Target,
                      reason: str, lease: Lease | None = None) -> None:
@@ -357,98 +300,20 @@ class PublicAPI:
                 request.setHeader(b"x-pharos-estimated-ttft-ms",
                                   f"{lease.est_ttft * 1000:.1f}".encode())
 
-    async def _relay(self, request: Request, response: IResponse, lease: Lease,
-                     parsed: Parsed, path: str, sent_at: float) -> None:
-        """Stream the reply back; feedback to the scheduler and state when it ends."""
-        target = lease.target
-        self._start_reply(request, response, target, lease.decision.reason, lease)
-        tap = StreamTap(strip_usage_chunk=parsed.pharos_asked_usage,
-                        embeddings=path in EMBEDDING_ROUTES)
-        first: list[float] = []
-        def first_byte() -> None:
-            first.append(self.clock.seconds())
-            lease.first_byte()
-
-        relay = Relay(request, tap, self.clock, first_byte)
-        response.deliverBody(relay)
-        sample: Sample | None = None
-        try:
-            await relay.done
-            end = self.clock.seconds()
-            usage = tap.usage
-            sample = Sample(
-                ok=response.code < 400,
-                dispatched_cold=lease.cold,
-                ttft_sec=first[0] - sent_at if first else None,
-                duration_sec=end - sent_at,
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                cached_tokens=usage.cached_tokens if usage else None,
-                prompt_eval_sec=usage.prompt_eval_sec if usage else None,
-                load_sec=usage.load_sec if usage else None,
-                control=parsed.control,
-            )
-        except EngineDied as e:
-            log.warn("{url} died mid-reply: {why}", url=target.backend.url, why=str(e))
-            self.state.eject(target.backend)
-            await _cut(request)
-        finally:
-            lease.release(sample)
-
 
 def _session(request: Request, parsed: Parsed) -> str | None:
-    """The conversation a request names: ``x-session-id``, else the body's ``user``."""
+    """The conversation a request names (``x-session-id``, else the body's ``user``), kept
+    as a 128-bit hash: a client's string is never stored at the length it was sent."""
     header = request.getHeader(b"x-session-id")
-    if header:
-        return header[:256].decode("latin-1")
-    return parsed.user
+    name = header if header else (parsed.user.encode("utf-8", "surrogatepass")
+                                  if parsed.user else None)
+    if not name:
+        return None
+    return hashlib.blake2b(name, digest_size=16).hexdigest()
 
 
 def _req(request: IRequest) -> Request:
     assert isinstance(request, Request)
     return request
 
-
-def _refused(e: Exception) -> bool:
-    return isinstance(e, ConnectionRefusedError | ConnectError)
-
-
-def _cancelled(e: Exception) -> bool:
-    """Agent reports a cancelled request as a failure wrapping CancelledError."""
-    reasons = getattr(e, "reasons", None) or []
-    return any(r.check(CancelledError) for r in reasons)
-
-
-def _stale(e: Exception) -> bool:
-    """The connection died before any answer: a pooled connection the engine had closed."""
-    return isinstance(e, ResponseNeverReceived | RequestTransmissionFailed)
-
-
-def _describe(e: Exception) -> str:
-    if isinstance(e, ResponseNeverReceived):
-        return "connection closed before a reply"
-    return f"{type(e).__name__}: {e}".strip()
-
-
-def _message(body: bytes) -> str:
-    """An engine's error message, cut to 200 bytes, for the log (it often names a flag)."""
-    try:
-        doc = json.loads(body)
-        err = doc.get("error") if isinstance(doc, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else err
-        text = str(msg if msg is not None else body[:200])
-    except ValueError:
-        text = body[:200].decode("utf-8", "replace")
-    return text[:200]
-
-
-async def _cut(request: Request) -> None:
-    """Cut the client's connection mid-reply: an incomplete read, never a clean end."""
-    gone: Deferred[None] = request.notifyFinish()
-    gone.addErrback(lambda _: None)
-    channel = request.channel
-    transport = channel.transport if channel is not None else None
-    if transport is None:
-        return
-    transport.abortConnection()  # type: ignore[attr-defined]
-    await gone
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from hyperlink import EncodedURL
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
@@ -27,12 +27,17 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length",
     b"content-encoding",
 })
-#: A reply that sends nothing for this long is cut (Agent's timeouts end at the headers).
-IDLE_TIMEOUT = 300.0
+#: A reply that sends nothing for this long is cut (Agent's timeouts end at the headers);
+#: config ``timeouts.stream_idle`` sets it.
+IDLE_TIMEOUT = 120.0
 
 
 class EngineDied(Exception):
     """The engine's reply ended before it was complete."""
+
+
+class Stalled(EngineDied):
+    """The engine sent nothing for longer than the stream idle time: cut as a death is."""
 
 
 class Tap(typing.Protocol):
@@ -92,25 +97,38 @@ class Relay(Protocol):
 
     It is the upstream body's protocol and the client request's streaming producer: a client
     whose socket is full pauses the engine read, so a slow reader costs only socket buffers.
-    ``done`` fires when the reply ended cleanly and errbacks with ``EngineDied`` otherwise;
-    cancelling it (the client left) stops reading from the engine, which closes its
-    connection, so the engine stops generating.
+    ``done`` fires when the reply ended cleanly; it errbacks with ``CancelledError`` when the
+    client left (the engine's connection is closed, so the engine stops generating), with
+    ``Stalled`` when the engine sent nothing for ``idle_timeout`` seconds, and with
+    ``EngineDied`` when the reply broke off (or was ``abandon``-ed before its first byte).
     """
 
     def __init__(self, request: Request, tap: Tap, clock: IReactorTime,
-                 on_first_byte: Callable[[], None], idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 on_first_byte: Callable[[], None], idle_timeout: float = IDLE_TIMEOUT,
+                 touch: Callable[[], None] | None = None) -> None:
         self.request = request
         self.tap = tap
         self.clock = clock
         self.on_first_byte = on_first_byte
         self.idle_timeout = idle_timeout
+        self.touch = touch
         self.done: Deferred[None] = Deferred(lambda _: self.stopProducing())
         self.bytes_in = 0
+        self.abandoned = False
         self._gone = False
+        self._stalled_after: float | None = None
+        self._registered = False
         self._idle: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
+        if self._gone or self.abandoned or self.request.channel is None or getattr(
+                self.request, "_disconnected", False):
+            # The client left (or the attempt was given up) before the body started.
+            self._gone = self._gone or not self.abandoned
+            self.transport.stopProducing()  # type: ignore[union-attr]
+            return
         self.request.registerProducer(self, True)
+        self._registered = True
         self._arm()
 
     def _arm(self) -> None:
@@ -121,33 +139,46 @@ class Relay(Protocol):
 
     def _stalled(self) -> None:
         self._idle = None
+        self._stalled_after = self.idle_timeout
         if self.transport is not None:
             self.transport.stopProducing()  # type: ignore[attr-defined]
 
     def dataReceived(self, data: bytes) -> None:
+        if self._gone or self.abandoned:
+            return
         if not self.bytes_in:
             self.on_first_byte()
         self.bytes_in += len(data)
+        if self.touch is not None:
+            self.touch()
         self._arm()
         out = self.tap.feed(data)
-        if out and not self._gone:
+        if out:
             self.request.write(out)
 
     def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
         if self._idle is not None and self._idle.active():
             self._idle.cancel()
         self._idle = None
-        clean = reason.check(ResponseDone, PotentialDataLoss) is not None
+        clean = reason.check(ResponseDone, PotentialDataLoss) is not None and not (
+            self._gone or self.abandoned or self._stalled_after is not None)
         if clean:
             rest = self.tap.finish()
-            if rest and not self._gone:
+            if rest:
+                if not self.bytes_in:
+                    self.on_first_byte()
                 self.request.write(rest)
-        if getattr(self.request, "channel", None) is not None:
+        if self._registered and self.request.channel is not None:
+            self._registered = False
             self.request.unregisterProducer()
         if self.done.called:
             return
         if clean:
             self.done.callback(None)
+        elif self._gone:
+            self.done.errback(CancelledError())
+        elif self._stalled_after is not None:
+            self.done.errback(Stalled(f"nothing for {self._stalled_after:g} s"))
         else:
             self.done.errback(EngineDied(reason.getErrorMessage()))
 
@@ -156,7 +187,7 @@ class Relay(Protocol):
             self.transport.pauseProducing()  # type: ignore[attr-defined]
 
     def resumeProducing(self) -> None:
-        if self.transport is not None:
+        if self.transport is not None and not (self._gone or self.abandoned):
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     def stopProducing(self) -> None:
@@ -165,11 +196,23 @@ class Relay(Protocol):
         if self.transport is not None:
             self.transport.stopProducing()  # type: ignore[attr-defined]
 
+    def abandon(self) -> None:
+        """Give the reply up before its first byte (its backend went down, or it is late)."""
+        self.abandoned = True
+        if self.transport is not None:
+            self.transport.stopProducing()  # type: ignore[attr-defined]
+
 
 def collect(response: IResponse, limit: int = 65536) -> Deferred[bytes]:
     """The start of a (short) reply body, e.g. an engine's error, bounded."""
     parts: list[bytes] = []
-    done: Deferred[bytes] = Deferred()
+    proto: list[Protocol] = []
+
+    def stop(_: Deferred[bytes]) -> None:
+        if proto and proto[0].transport is not None:
+            proto[0].transport.stopProducing()  # type: ignore[attr-defined]
+
+    done: Deferred[bytes] = Deferred(stop)
 
     class _Collect(Protocol):
         size = 0
@@ -180,7 +223,10 @@ def collect(response: IResponse, limit: int = 65536) -> Deferred[bytes]:
             self.size += len(data)
 
         def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:  # noqa: B008
-            done.callback(b"".join(parts))
+            if not done.called:
+                done.callback(b"".join(parts))
 
-    response.deliverBody(_Collect())
+    p = _Collect()
+    proto.append(p)
+    response.deliverBody(p)
     return done

@@ -54,6 +54,7 @@ class State:
         full_every: int = FULL_EVERY,
         fetch_timeout: float = 0.8,
         on_round: Callable[[BackendState], None] | None = None,
+        on_down: Callable[[BackendState, str], None] | None = None,
         fetcher_for: Callable[[BackendSpec], Fetcher] | None = None,
     ) -> None:
         self.clock = clock
@@ -64,6 +65,9 @@ class State:
         self.full_interval = load_interval * full_every
         self.fetch_timeout = fetch_timeout
         self.on_round = on_round
+        #: Told when a backend stops answering (a failed round, a refused connection), so
+        #: requests waiting on it go elsewhere.
+        self.on_down = on_down
         if fetcher_for is None:
             assert client is not None, "a client or a fetcher factory"
             http = client
@@ -115,10 +119,18 @@ class State:
             self._removed.popitem(last=False)
 
     def eject(self, backend: BackendState) -> None:
-        """A refused connection or a reply that died: out until its next answered round."""
+        """A refused connection, a reply that died or a failed round: out until its next
+        answered round."""
         if not backend.ejected:
             log.warn("backend {url} ejected", url=backend.url)
         backend.ejected = True
+
+    def down(self, backend: BackendState, why: str) -> None:
+        """The backend stopped answering its scrapes: ejected, and its requests that have no
+        first byte yet go elsewhere (a hung engine holds nobody)."""
+        self.eject(backend)
+        if self.on_down is not None:
+            self.on_down(backend, why)
 
     def is_up(self, b: BackendState, now: float | None = None) -> bool:
         """Up while its last full round is fresh and it is not ejected or removed."""
@@ -319,6 +331,8 @@ class Scraper(Service):
             if b.failing is None:
                 log.warn("backend {url} unreachable: {why}", url=b.url, why=str(e))
             b.failing = str(e)
+            if isinstance(e, BackendUnreachable):
+                state.down(b, str(e))
         finally:
             b.rounds += 1
             state._check_ready()

@@ -161,35 +161,62 @@ async def _read_all(response: Any) -> bytes:
 
 
 class FailingVllm(CaptureResource):
-    """Answers status paths like vLLM's idle capture, and every POST with a 500."""
+    """Answers status paths like vLLM's idle capture, and every POST with ``status``."""
 
     posts = 0
+    status = 500
 
     def render_POST(self, request: Request) -> bytes:
         self.posts += 1
-        request.setResponseCode(500)
+        request.setResponseCode(self.status)
         request.setHeader(b"content-type", b"application/json")
-        return b'{"error":{"message":"out of memory (try --max-num-seqs)","code":500}}'
+        return b'{"error":{"message":"out of memory (try --max-num-seqs)","code":%d}}' % (
+            self.status)
+
+
+async def _until_routed_to(fleet: Any, failing: FailingVllm) -> list[tuple[int, bytes]]:
+    """Chat requests until one was routed to ``failing``; every (status, body) seen."""
+    seen = []
+    for _ in range(40):  # ties between the two go by each request's seed
+        r = await fleet.chat("tiny")
+        seen.append((r.code, await r.content()))
+        if failing.posts:
+            break
+    assert failing.posts >= 1, "no request was routed to the failing engine"
+    return seen
 
 
 @pytest_twisted.ensureDeferred
-async def test_5xx_is_retried_elsewhere_but_not_ejected() -> None:
-    """An engine that answers 500 before any byte reached the client: the request is retried
-    on another target and succeeds; the engine is not ejected (it may refuse only some)."""
+async def test_503_is_retried_elsewhere_but_not_ejected() -> None:
+    """An engine that answers 503 (or 502, 504) before any byte reached the client: the
+    request is retried on another target and succeeds; the engine is not ejected."""
+    vllm_idle = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
+    failing = FailingVllm(vllm_idle, reactor)
+    failing.status = 503
+    port, url = serve(failing)
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})], extra=[url])
+    try:
+        seen = await _until_routed_to(fleet, failing)
+        assert {code for code, _ in seen} == {200}
+        assert not fleet.pharos.state.backends[url].ejected
+    finally:
+        await fleet.stop()
+        await close(port)
+
+
+@pytest_twisted.ensureDeferred
+async def test_500_is_the_requests_fault_and_not_retried() -> None:
+    """A 500 is passed to the client as the engine sent it (the request caused it; another
+    engine would only fail it again): one POST, the engine's body, no ejection."""
     vllm_idle = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
     failing = FailingVllm(vllm_idle, reactor)
     port, url = serve(failing)
     fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})], extra=[url])
     try:
-        codes = []
-        for _ in range(40):  # ties between the two go by each request's seed
-            r = await fleet.chat("tiny")
-            await r.content()
-            codes.append(r.code)
-            if failing.posts:
-                break
-        assert set(codes) == {200}
-        assert failing.posts >= 1, "no request was routed to the failing engine"
+        seen = await _until_routed_to(fleet, failing)
+        assert seen[-1][0] == 500
+        assert b"max-num-seqs" in seen[-1][1]
+        assert failing.posts == 1
         assert not fleet.pharos.state.backends[url].ejected
     finally:
         await fleet.stop()

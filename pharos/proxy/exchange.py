@@ -1,0 +1,446 @@
+"""One client request through Pharos, from acquire to the last byte (DESIGN §4 steps 4-8).
+
+An ``Exchange`` is the only owner of its request's lease. Each attempt takes a lease, sends
+the request, and either relays the reply or gives the lease back before trying again; ``run``'s
+``finally`` gives back whatever is still held. Every way a request can end (the client leaving
+before, between or after the engine's headers, an engine error, reset, hang or death, a fault
+of Pharos's own) goes through that one place, so no path can skip the release.
+
+Before the engine's first body byte nothing has been written to the client, so an attempt can
+still be abandoned and retried elsewhere: when its backend goes down (a failed scrape round or
+a refused connection, ``Inflight.backend_down``), when no first byte arrives within the route
+family's ``timeouts.first_byte``, or when the engine answers 502, 503 or 504. A 500 is the
+request's own fault and reaches the client as the engine sent it. After the first byte there
+are no retries; an engine that dies or stalls (``timeouts.stream_idle``) cuts the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
+from twisted.web.iweb import IResponse
+from twisted.web.server import Request
+
+from pharos.proxy import errors
+from pharos.proxy.errors import ApiError
+from pharos.proxy.parse import Parsed
+from pharos.proxy.relay import EngineDied, Relay, Stalled, collect, response_headers
+from pharos.proxy.tap import StreamTap
+from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.state.registry import BackendState, Target
+from pharos.state.state import State
+from pharos.state.stats import Sample
+
+log = Logger()
+
+#: Routes whose missing support an engine shows with a 404 (coding agents, spec §9).
+AGENT_ROUTES = frozenset({"/v1/messages", "/v1/responses"})
+EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
+#: Engine statuses another engine may answer better: retried once elsewhere before the first
+#: byte. 500 is not among them: it is the request's own fault far more often than the engine's.
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+#: How an exchange ended (spec §13 ``upstream``).
+OK = "ok"
+ERROR_STATUS = "error_status"
+CONNECT_FAILED = "connect_failed"
+DIED_MID_REPLY = "died_mid_reply"
+CLIENT_LEFT = "client_left"
+TIMED_OUT = "timed_out"
+PHAROS_ERROR = "pharos_error"
+
+Send = Callable[[Target, str, bytes], "Deferred[IResponse]"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The exchange's time limits in seconds (config ``timeouts:``)."""
+
+    first_byte: float
+    stream_idle: float
+
+
+class _Abandoned(Exception):
+    """The attempt's backend went down, or its first byte is late: try elsewhere."""
+
+    def __init__(self, why: str, timed_out: bool) -> None:
+        super().__init__(why)
+        self.timed_out = timed_out
+
+
+def disconnected(request: Request) -> bool:
+    """Whether the client's connection is gone (``notifyFinish`` never fires after that)."""
+    return bool(getattr(request, "_disconnected", False)) or request.channel is None
+
+
+class Inflight:
+    """The exchanges in progress, by backend: a backend that goes down abandons the attempts
+    on it that have no first byte yet."""
+
+    def __init__(self) -> None:
+        self.by_backend: dict[str, set[Exchange]] = {}
+        self.count = 0
+
+    def add(self, backend: BackendState, ex: Exchange) -> None:
+        self.by_backend.setdefault(backend.url, set()).add(ex)
+
+    def discard(self, backend: BackendState, ex: Exchange) -> None:
+        s = self.by_backend.get(backend.url)
+        if s is not None:
+            s.discard(ex)
+            if not s:
+                del self.by_backend[backend.url]
+
+    def backend_down(self, backend: BackendState, why: str) -> None:
+        """Abandon every attempt on ``backend`` that has not had a first byte."""
+        for ex in list(self.by_backend.get(backend.url, ())):
+            ex.abandon(f"{backend.url} went down: {why}", timed_out=False)
+
+
+class Exchange:
+    """One request's attempts; ``run`` returns when the reply ended or raises the route's
+    error (an ``ApiError``, or ``CancelledError`` once the client is gone)."""
+
+    def __init__(self, request: Request, parsed: Parsed, path: str, kind: str | None, *,
+                 sched: Scheduler, state: State, send: Send, clock: IReactorTime,
+                 limits: Limits, inflight: Inflight, session: str | None,
+                 start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
+                 key: str, weight: int = 1) -> None:
+        self.request = request
+        self.parsed = parsed
+        self.path = path
+        self.kind = kind
+        self.sched = sched
+        self.state = state
+        self.send = send
+        self.clock = clock
+        self.limits = limits
+        self.inflight = inflight
+        self.session = session
+        self.start_reply = start_reply
+        self.key = key
+        self.weight = weight
+        self.lease: Lease | None = None
+        self.gone = False
+        self.outcome: str | None = None
+        self.sample: Sample | None = None
+        self._pending: Deferred[Any] | None = None  # what an attempt awaits before a byte
+        self._relay: Relay | None = None
+        self._abandoned: _Abandoned | None = None
+        self._timer: IDelayedCall | None = None
+        self._answered = False  # the engine's first body byte arrived: no retry from here
+
+    # --- the one owner of the lease --------------------------------------------------------
+
+    def _take(self, lease: Lease) -> None:
+        assert self.lease is None, "an exchange holds one lease at a time"
+        self.lease = lease
+        self.inflight.add(lease.target.backend, self)
+
+    def _drop(self, sample: Sample | None = None) -> None:
+        """Give back the lease held, if any (the only place a lease is released)."""
+        lease, self.lease = self.lease, None
+        self._cancel_timer()
+        self._pending = None
+        self._relay = None
+        self._abandoned = None
+        self._answered = False
+        if lease is not None:
+            self.inflight.discard(lease.target.backend, self)
+            lease.release(sample)
+
+    async def run(self) -> None:
+        """All attempts; the lease still held is released whatever happened."""
+        if disconnected(self.request):
+            self.outcome = CLIENT_LEFT
+            raise CancelledError()
+        self.request.notifyFinish().addErrback(self._left)
+        self.inflight.count += 1
+        try:
+            await self._attempts()
+        except CancelledError:
+            self.outcome = CLIENT_LEFT
+            raise
+        except ApiError:
+            self.outcome = self.outcome or ERROR_STATUS
+            raise
+        except Exception:
+            self.outcome = PHAROS_ERROR
+            raise
+        finally:
+            self.inflight.count -= 1
+            self._drop(self.sample)
+
+    # --- events from outside ---------------------------------------------------------------
+
+    def _left(self, _: object) -> None:
+        """The client's connection closed: stop whatever the attempt is waiting for."""
+        self.gone = True
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.called:
+            pending.cancel()
+        if self._relay is not None:
+            self._relay.stopProducing()
+
+    def abandon(self, why: str, timed_out: bool) -> None:
+        """Give up the current attempt if its engine has not answered a byte yet."""
+        if self._answered or self.lease is None or self._abandoned is not None:
+            return
+        self._abandoned = _Abandoned(why, timed_out)
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.called:
+            pending.cancel()
+        if self._relay is not None:
+            self._relay.abandon()
+
+    def _arm(self) -> None:
+        self._cancel_timer()
+        limit = self.limits.first_byte
+        self._timer = self.clock.callLater(limit, self._late)
+
+    def _late(self) -> None:
+        self._timer = None
+        self.abandon(f"no first byte within {self.limits.first_byte:g} s", timed_out=True)
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    async def _wait(self, d: Deferred[Any]) -> Any:
+        """Await ``d`` while it can be cancelled by the client leaving or the attempt being
+        abandoned."""
+        self._pending = d
+        try:
+            return await d
+        finally:
+            if self._pending is d:
+                self._pending = None
+
+    def _check(self) -> None:
+        if self.gone:
+            raise CancelledError()
+
+    # --- the attempts ----------------------------------------------------------------------
+
+    async def _attempts(self) -> None:
+        parsed, path = self.parsed, self.path
+        req = SchedRequest(parsed.model, parsed.prompt_tokens, self.sched.seed(), kind=self.kind,
+                           chain=parsed.chain, session=self.session)
+        tried: set[int] = set()
+        refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
+        failure: str | None = None
+        timed_out = False
+        elsewhere = 0  # retries on another target used (at most one)
+        stale_retry = True  # one retry on the same target after a dead pooled connection
+        while True:
+            self._check()
+            retrying = elsewhere > 0 or not stale_retry
+            try:
+                lease = await self._wait(self.sched.acquire(
+                    self.key, self.weight, replace(req, exclude=frozenset(tried)),
+                    front=retrying))
+            except UnknownModel:
+                if retrying:
+                    break
+                raise errors.unknown_model(parsed.model) from None
+            except Unavailable:
+                if retrying:
+                    break
+                raise errors.unavailable(parsed.model) from None
+            except QueueFull:
+                raise errors.queue_full() from None
+            self._take(lease)
+            self._check()
+            target = lease.target
+            sent_at = self.clock.seconds()
+            self._arm()
+            try:
+                response = await self._wait(
+                    self.send(target, path, parsed.forward_body(target.served)))
+            except Exception as e:
+                abandoned = self._abandoned
+                self._drop()
+                if self.gone:
+                    raise CancelledError() from None
+                if abandoned is not None:
+                    failure, timed_out = str(abandoned), abandoned.timed_out
+                    log.warn("{why}; retrying elsewhere", why=failure)
+                elif isinstance(e, CancelledError):
+                    raise
+                elif _stale(e) and stale_retry:
+                    # The engine had closed the pooled connection: nothing was answered, and
+                    # Twisted retries only idempotent requests (twisted#7843). Once more, on a
+                    # fresh connection to the same target.
+                    stale_retry = False
+                    continue
+                else:
+                    if _refused(e):
+                        self.state.eject(target.backend)
+                        self.inflight.backend_down(target.backend, "connection refused")
+                    failure, timed_out = f"{target.backend.url}: {_describe(e)}", False
+                    self.outcome = CONNECT_FAILED
+                    log.warn("{url} failed before replying: {why}", url=target.backend.url,
+                             why=_describe(e))
+                tried.add(target.id)
+                if elsewhere:
+                    break
+                elsewhere += 1
+                continue
+            tried.add(target.id)
+            retry = response.code in RETRY_STATUSES or (
+                path in AGENT_ROUTES and response.code == 404)
+            if retry and not elsewhere:
+                try:
+                    body = await self._wait(collect(response))
+                except CancelledError:
+                    self._drop()
+                    if self.gone:
+                        raise
+                    body = b""
+                self._drop(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
+                                  duration_sec=None))
+                self._check()
+                refused = (response.code, response_headers(response), body, target)
+                if response.code != 503:
+                    log.warn("{url} answered {code}, retrying elsewhere: {msg}",
+                             url=target.backend.url, code=response.code, msg=_message(body))
+                elsewhere += 1
+                continue
+            try:
+                await self._relay_reply(response, lease, sent_at)
+                return
+            except _Abandoned as a:
+                self._drop()
+                failure, timed_out = str(a), a.timed_out
+                log.warn("{why}; retrying elsewhere", why=failure)
+                if elsewhere:
+                    break
+                elsewhere += 1
+                continue
+        if refused is not None:
+            code, headers, body, target = refused
+            if path in AGENT_ROUTES and code == 404:
+                raise ApiError(400, f"{path} is not served by {target.backend.url}",
+                               code="route_not_served")
+            self.outcome = ERROR_STATUS
+            request = self.request
+            request.setResponseCode(code)
+            for k, vs in headers:
+                request.responseHeaders.setRawHeaders(k, vs)
+            request.setHeader(b"x-pharos-backend", target.backend.url.encode())
+            request.write(body)
+            return
+        if timed_out:
+            self.outcome = TIMED_OUT
+            raise errors.upstream(f"no first byte from any backend: {failure}", status=504)
+        self.outcome = self.outcome or CONNECT_FAILED
+        raise errors.upstream(f"no backend answered: {failure}")
+
+    async def _relay_reply(self, response: IResponse, lease: Lease, sent_at: float) -> None:
+        """Stream the reply back; the headers go out with its first byte (until then the
+        attempt can still be abandoned); feedback in ``self.sample`` when it ends."""
+        request = self.request
+        target = lease.target
+        tap = StreamTap(strip_usage_chunk=self.parsed.pharos_asked_usage,
+                        embeddings=self.path in EMBEDDING_ROUTES)
+        first: list[float] = []
+        unchanged = not self.parsed.pharos_asked_usage
+
+        def first_byte() -> None:
+            # The engine answered: no retry from here, so the client gets the headers.
+            self._answered = True
+            self._cancel_timer()
+            first.append(self.clock.seconds())
+            self.start_reply(request, response, target, lease.decision.reason, lease)
+            length = response.length
+            if unchanged and isinstance(length, int):
+                request.setHeader(b"content-length", str(length).encode())
+            lease.first_byte()
+
+        relay = Relay(request, tap, self.clock, first_byte,
+                      idle_timeout=self.limits.stream_idle, touch=lease.touch)
+        self._relay = relay
+        response.deliverBody(relay)
+        try:
+            await relay.done
+        except EngineDied as e:
+            if relay.abandoned and not self._answered and self._abandoned is not None:
+                raise self._abandoned from None
+            self.outcome = DIED_MID_REPLY
+            if isinstance(e, Stalled):
+                log.warn("{url} stalled mid-reply: {why}", url=target.backend.url, why=str(e))
+            else:
+                log.warn("{url} died mid-reply: {why}", url=target.backend.url, why=str(e))
+            self.state.eject(target.backend)
+            self.inflight.backend_down(target.backend, "died mid-reply")
+            self._drop()
+            await cut(request)
+            return
+        finally:
+            self._relay = None
+        if not self._answered:
+            # An empty body: the headers go out now.
+            first_byte()
+        end = self.clock.seconds()
+        usage = tap.usage
+        self.outcome = OK if response.code < 400 else ERROR_STATUS
+        self.sample = Sample(
+            ok=response.code < 400,
+            dispatched_cold=lease.cold,
+            ttft_sec=first[0] - sent_at if first else None,
+            duration_sec=end - sent_at,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            prompt_eval_sec=usage.prompt_eval_sec if usage else None,
+            load_sec=usage.load_sec if usage else None,
+            control=self.parsed.control,
+        )
+
+
+def _refused(e: Exception) -> bool:
+    return isinstance(e, ConnectionRefusedError | ConnectError)
+
+
+def _stale(e: Exception) -> bool:
+    """The connection died before any answer: a pooled connection the engine had closed."""
+    return isinstance(e, ResponseNeverReceived | RequestTransmissionFailed)
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, ResponseNeverReceived):
+        return "connection closed before a reply"
+    return f"{type(e).__name__}: {e}".strip()[:300]
+
+
+def _message(body: bytes) -> str:
+    """An engine's error message, cut to 200 bytes, for the log (it often names a flag)."""
+    import json
+
+    try:
+        doc = json.loads(body)
+        err = doc.get("error") if isinstance(doc, dict) else None
+        msg = err.get("message") if isinstance(err, dict) else err
+        text = str(msg if msg is not None else body[:200])
+    except (ValueError, RecursionError):
+        text = body[:200].decode("utf-8", "replace")
+    return text[:200]
+
+
+async def cut(request: Request) -> None:
+    """Cut the client's connection mid-reply: an incomplete read, never a clean end."""
+    channel = request.channel
+    transport = channel.transport if channel is not None else None
+    if transport is None or disconnected(request):
+        return
+    gone: Deferred[None] = request.notifyFinish()
+    gone.addErrback(lambda _: None)
+    transport.abortConnection()  # type: ignore[attr-defined]
+    await gone
