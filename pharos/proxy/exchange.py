@@ -184,8 +184,8 @@ class Exchange:
         """The client's connection closed: stop whatever the attempt is waiting for."""
         self.gone = True
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.called:
-            pending.cancel()
+        if pending is not None:
+            pending.cancel()  # also when it waits on an inner Deferred (treq chains them)
         if self._relay is not None:
             self._relay.stopProducing()
 
@@ -195,8 +195,8 @@ class Exchange:
             return
         self._abandoned = _Abandoned(why, timed_out)
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.called:
-            pending.cancel()
+        if pending is not None:
+            pending.cancel()  # also when it waits on an inner Deferred (treq chains them)
         if self._relay is not None:
             self._relay.abandon()
 

@@ -191,6 +191,8 @@ class EngineDouble:
         self._replies: set[_Reply] = set()
         self._factories: list[WrappingFactory] = []
         self._waiters: list[tuple[Callable[[], bool], Deferred[None]]] = []
+        self.hung = False
+        self._unanswered: list[Request] = []  # requests that came while hung
         self.resource = _DoubleResource(self)
 
     def _flavor(self, kind: str, capture: Capture, models: Mapping[str, int] | None,
@@ -239,6 +241,17 @@ class EngineDouble:
                 if proto.transport is not None:
                     proto.transport.abortConnection()
         self._changed()
+
+    def hang(self) -> None:
+        """Answer nothing from now on, requests in flight included (an engine process that
+        was stopped: connections still open, no byte comes back) until ``unhang``."""
+        self.hung = True
+        self.model.hold()
+
+    def unhang(self) -> None:
+        """Answer again; requests that came while hung stay unanswered."""
+        self.hung = False
+        self.model.release()
 
     def when(self, predicate: Callable[[], bool]) -> Deferred[None]:
         """Fires once ``predicate()`` holds, checked after every request event."""
@@ -487,7 +500,11 @@ class _DoubleResource(Resource):
         self._double = double
 
     def render(self, request: Request) -> bytes | int:
-        """GET and HEAD read, POST generates; any other method is the engine's 404."""
+        """GET and HEAD read, POST generates; any other method is the engine's 404. A hung
+        double answers nothing."""
+        if self._double.hung:
+            self._double._unanswered.append(request)
+            return NOT_DONE_YET
         if request.method in (b"GET", b"HEAD", b"POST"):
             result: bytes | int = super().render(request)
             return result

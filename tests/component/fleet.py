@@ -16,7 +16,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
 from pharos.config import Backend as BackendSpec
-from pharos.config import Config, Listen
+from pharos.config import Config, Listen, Timeouts
 from pharos.sim.double import EngineDouble, start_double
 from pharos.tap import PharosService, public_site
 from tests.component.capture_server import close, serve
@@ -59,7 +59,8 @@ class Fleet:
 
 
 async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
-                      policy: str = "cost", extra: Sequence[str] = ()) -> Fleet:
+                      policy: str = "cost", extra: Sequence[str] = (),
+                      timeouts: Timeouts | None = None) -> Fleet:
     """Start one double per (kind, double options, backend options) and Pharos in front;
     ``extra``: more backend URLs (engines the test serves itself), detected by kind."""
     doubles, ports, specs = [], [], []
@@ -70,7 +71,7 @@ async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any
         specs.append(BackendSpec(url=d.url, **backend))
     specs.extend(BackendSpec(url=u) for u in extra)
     config = Config(listen=Listen("127.0.0.1:0"), policy=policy,  # type: ignore[arg-type]
-                    backends=tuple(specs))
+                    backends=tuple(specs), timeouts=timeouts or Timeouts())
     top = PharosService(config, reactor, load_interval=0.1)
     top.startService()
     listening, url = serve(public_site(top))
