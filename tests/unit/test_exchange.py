@@ -129,7 +129,7 @@ class Rig:
 
         self.released: list[Lease] = []
         self._patch = (Lease, "release", real)
-        Lease.release = counted  # type: ignore[method-assign]
+        setattr(Lease, "release", counted)  # noqa: B010 - undone in close()
 
     def close(self) -> None:
         cls, name, real = self._patch
@@ -175,7 +175,8 @@ class Rig:
     def reactor_turn(self) -> None:
         """What the reactor would do next: a connection Pharos aborted is lost."""
         for request, channel, _, _ in self.requests:
-            if channel.transport is not None and channel.transport.disconnecting and not getattr(
+            transport = channel.transport
+            if isinstance(transport, StringTransport) and transport.disconnecting and not getattr(
                     request, "_disconnected", False):
                 channel.connectionLost(Failure(ConnectionLost()))
 
