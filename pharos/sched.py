@@ -195,6 +195,8 @@ class Scheduler:
         self.granted_at: float | None = None
         self.released_at: float | None = None
         self.waiting_since: float | None = None
+        #: Leases the watchdog found stuck (held past the drain timeout, no byte moving).
+        self.stuck = 0
 
     # --- admission -----------------------------------------------------------------------
 

@@ -17,9 +17,11 @@ from pharos.engine.fetch import make_client
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
+from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
 from pharos.sched import Guards, Scheduler
 from pharos.state.state import LOAD_INTERVAL, State
+from pharos.watchdog import Watchdog
 
 # A factory per engine connection would log its start and stop at info, twice a request.
 _HTTP11ClientFactory.noisy = False
@@ -81,6 +83,7 @@ class PharosService(MultiService):
                                 timeouts=config.timeouts)
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
+        Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
 
     def startService(self) -> None:
         """Start scraping the configured backends."""
@@ -106,16 +109,13 @@ class PharosService(MultiService):
         await self.pool.closeCachedConnections()
 
 
-class QuietSite(Site):
-    """No access log: one debug line per request belongs to obs, without prompt text."""
-
-    def log(self, request: Any) -> None:
-        """Nothing: twisted.web's access line is not Pharos's request log."""
-
-
 def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
-    """The public site: the Klein app, bodies bounded while they arrive."""
-    return QuietSite(top.public.app.resource(), requestFactory=bounded_request_factory(max_body))
+    """The public site: the Klein app behind the path guard, bodies bounded while they
+    arrive, request heads bounded in time."""
+    site = PublicSite(PathGuard(top.public.app.resource()),
+                      requestFactory=bounded_request_factory(max_body))
+    site.head_deadline = top.config.timeouts.request_headers
+    return site
 
 
 def build(config: Config, reactor: Any) -> PharosService:

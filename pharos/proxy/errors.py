@@ -35,17 +35,36 @@ def bad_json(why: str) -> ApiError:
     return ApiError(400, f"request body is not valid JSON: {why}", code="invalid_json")
 
 
+#: The most of a client's string an error message repeats.
+ECHO_CHARS = 200
+
+
+def echo(text: str) -> str:
+    """A client's string as an error may repeat it: at most ``ECHO_CHARS`` characters."""
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + f"... ({len(text)} chars)"
+
+
+def too_deep(limit: int) -> ApiError:
+    return ApiError(400, f"request body nests JSON deeper than {limit} levels",
+                    code="invalid_json")
+
+
+def wrong_type(field: str, expected: str, got: object) -> ApiError:
+    return ApiError(400, f"{field} must be {expected}, not {type(got).__name__}",
+                    code="invalid_type")
+
+
 def missing_model() -> ApiError:
     return ApiError(400, "model is required", code="missing_required_parameter")
 
 
 def unknown_model(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist or no backend lists it",
+    return ApiError(404, f"The model `{echo(model)}` does not exist or no backend lists it",
                     code="model_not_found")
 
 
 def unavailable(model: str) -> ApiError:
-    return ApiError(503, f"no backend serving `{model}` is up", type="server_error",
+    return ApiError(503, f"no backend serving `{echo(model)}` is up", type="server_error",
                     code="model_unavailable")
 
 

@@ -14,6 +14,10 @@ from pharos.proxy import errors
 CHAINED = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
                      "/v1/messages"})
 
+#: JSON nested deeper than this is refused (400): no client needs it, and walking it would
+#: recurse as deep (950 levels was a RecursionError, a 500, before this bound).
+MAX_DEPTH = 128
+
 #: Estimated tokens per byte of decoded prompt text (the spec's assumption: 4 bytes a token,
 #: measured 2.8-6.2 across languages and code).
 BYTES_PER_TOKEN = 4
@@ -66,21 +70,50 @@ def _text_bytes(content: Any) -> int:
     return len(json.dumps(content))
 
 
+def _depth_over(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests containers deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return False
+
+
 def parse(raw: bytes, path: str) -> Parsed:
+    """Decode a request body (see ``_parse``); nesting deeper than ``MAX_DEPTH`` is a 400."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise errors.too_deep(MAX_DEPTH) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise errors.bad_json(str(e)) from None
+    # Only a body with more brackets than the bound can nest past it: the walk is rare.
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
+        raise errors.too_deep(MAX_DEPTH)
+    try:
+        return _parse(body, raw, path)
+    except RecursionError:  # a bound above the interpreter's own: still the client's 400
+        raise errors.too_deep(MAX_DEPTH) from None
+
+
+def _parse(body: Any, raw: bytes, path: str) -> Parsed:
     """Decode a request body; malformed JSON or a missing model is a 400 in the client's shape.
 
     A streamed chat completion that does not ask for usage gets
     ``stream_options.include_usage`` set (keeping its other stream options), so every request
     is metered; the tap strips the usage chunk from that client's stream.
     """
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise errors.bad_json(str(e)) from None
     if not isinstance(body, dict):
         raise errors.bad_json("expected a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and not isinstance(model, str):
+        raise errors.wrong_type("model", "a string", model)
+    if not model:
         raise errors.missing_model()
     ollama = path.startswith("/api/")
     # Ollama streams unless told not to; OpenAI routes only when asked.

@@ -51,7 +51,9 @@ JSON = b"application/json"
 def _json(request: Request, status: int, doc: object) -> bytes:
     request.setResponseCode(status)
     request.setHeader(b"content-type", JSON)
-    return json.dumps(doc).encode()
+    body = json.dumps(doc).encode()
+    request.setHeader(b"content-length", b"%d" % len(body))
+    return body
 
 
 def _ascii(text: str) -> bytes:
@@ -111,7 +113,8 @@ class PublicAPI:
         """Unknown paths: 404 in the shape of the API the path belongs to."""
         req = _req(request)
         path = req.path.decode("latin-1")
-        return self._error(req, ApiError(404, f"no route {path}", code="not_found"))
+        return self._error(req, ApiError(404, f"no route {errors.echo(path)}",
+                                         code="not_found"))
 
     @app.handle_errors(MethodNotAllowed)
     def bad_method(self, request: IRequest, failure: Failure) -> bytes:
@@ -121,7 +124,7 @@ class PublicAPI:
         req = _req(request)
         allowed = e.get_response({}).headers.get("Allow", "")
         req.setHeader(b"allow", allowed.encode())
-        method = req.method.decode("latin-1")
+        method = errors.echo(req.method.decode("latin-1"))
         return self._error(req, ApiError(405, f"method {method} not allowed here",
                                          code="method_not_allowed"))
 
@@ -135,7 +138,9 @@ class PublicAPI:
     def _error(self, request: Request, e: ApiError) -> bytes:
         request.setResponseCode(e.status)
         request.setHeader(b"content-type", JSON)
-        return e.body(ollama=errors.is_ollama_path(request.path))
+        body = e.body(ollama=errors.is_ollama_path(request.path))
+        request.setHeader(b"content-length", b"%d" % len(body))
+        return body
 
     # --- model lists -----------------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class PublicAPI:
         """Model management is the engines' business: 501 in Ollama's shape, which the ollama
         CLI prints."""
         raise ApiError(501, f"Pharos routes requests and does not manage models: "
-                            f"/api/{name} is not supported")
+                            f"/api/{errors.echo(name)} is not supported")
 
     @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD"])
     def ollama_blobs(self, request: Request, rest: str) -> bytes:
@@ -236,7 +241,8 @@ class PublicAPI:
         path = "/" + route.lstrip("/")
         if path not in EXPLAIN_ROUTES:
             known = ", ".join(sorted(EXPLAIN_ROUTES))
-            raise ApiError(404, f"cannot explain {path}: one of {known}", code="not_found")
+            raise ApiError(404, f"cannot explain {errors.echo(path)}: one of {known}",
+                           code="not_found")
         parsed = self._parse(request, path)
         doc = explain(self.sched, path, parsed, _session(request, parsed), self.seed())
         return _json(request, 200, doc)

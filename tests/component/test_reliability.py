@@ -240,3 +240,28 @@ async def test_a_stream_that_stalls_is_cut_and_ejected() -> None:
         await eventually(lambda: _inflight(fleet) == 0)
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_healthz_is_503_while_the_queue_makes_no_progress() -> None:
+    """Requests waiting with none starting and no lease given back for timeouts.queue_stuck:
+    /healthz answers 503 "stuck"; once the queue moves it is 200 again."""
+    fleet = await start_fleet([("llamacpp", {"slots": 1}, {"kind": "llamacpp", "capacity": 1})],
+                              timeouts=Timeouts(queue_stuck=0.5))
+    double = fleet.doubles[0]
+    try:
+        double.hold()
+        replies = [ensureDeferred(fleet.chat("tiny")) for _ in range(2)]
+        await eventually(lambda: fleet.pharos.sched.waiting == 1)
+        await sleep(1.0)
+        r = await treq.get(fleet.url + "/healthz", pool=fleet.pool)
+        body = json.loads(await r.content())
+        assert r.code == 503 and body["status"] == "stuck" and body["waiting"] == 1
+        double.release()
+        for d in replies:
+            await (await d).content()
+        r = await treq.get(fleet.url + "/healthz", pool=fleet.pool)
+        assert r.code == 200
+        await r.content()
+    finally:
+        await fleet.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import parse
@@ -131,3 +133,49 @@ def test_anthropic_system_heads_the_chain() -> None:
     b = _parse(b'{"model":"m","system":"B","messages":[{"role":"user","content":"q"}]}',
                "/v1/messages")
     assert len(a.chain) == 2 and a.chain.keys[0] != b.chain.keys[0]
+
+
+def test_deep_nesting_is_a_400_not_a_recursion_error() -> None:
+    """Valid JSON nested 950 deep (a RecursionError and a 500 before), and 129 deep (past the
+    bound, parseable), are both 400 invalid_json naming the bound; 128 deep is accepted."""
+    for depth in (950, 129, 20_000):
+        raw = b'{"model":"m","x":' + b"[" * depth + b"]" * depth + b"}"
+        with pytest.raises(ApiError) as e:
+            parse(raw, "/v1/chat/completions")
+        assert e.value.status == 400 and "128" in e.value.message, depth
+    raw = b'{"model":"m","x":' + b"[" * 127 + b"]" * 127 + b"}"
+    assert parse(raw, "/v1/chat/completions").model == "m"
+
+
+def test_a_long_model_name_is_cut_in_errors() -> None:
+    """An unknown 1 MB model name is not echoed back whole."""
+    from pharos.proxy.errors import unknown_model
+
+    e = unknown_model("x" * 1_000_000)
+    assert len(e.body(ollama=False)) < 1000
+    assert "1000000 chars" in e.message
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=3),
+    max_leaves=12)
+FIELDS = ("model", "messages", "prompt", "stream", "stream_options", "tools", "input", "user",
+          "system", "content", "role")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=6),
+       st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/messages",
+                        "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"]))
+def test_wrong_types_anywhere_are_a_4xx_or_parse(doc: dict[str, object], path: str) -> None:
+    """Any JSON value in any field the parser reads: it parses, or it is a 4xx ApiError;
+    never another exception (a 500)."""
+    try:
+        parsed = parse(json.dumps(doc).encode(), path)
+    except ApiError as e:
+        assert 400 <= e.status < 500
+    else:
+        assert isinstance(parsed.model, str) and parsed.model
+        parsed.forward_body(parsed.model)

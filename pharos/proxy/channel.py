@@ -1,0 +1,127 @@
+"""The public listener's HTTP/1.1 channel, hardened at the protocol level (issue 9).
+
+twisted.web answers what it cannot parse (a bad Content-Length or Transfer-Encoding, NUL bytes
+in a header, too many or too large headers) with a bare ``400`` and no body; a request head
+whose lines end in a bare LF is never split into lines, so it waits for the idle timeout; and
+the idle timer restarts on every byte, so a client sending one header byte every 20 s is never
+cut off. This channel answers every protocol error in JSON (in the error shape of the route
+when the request line got that far), refuses bare-LF heads at once, gives a request head
+``timeouts.request_headers`` to arrive whole, and tells HTTP/1.0 clients the connection
+closes after the reply (twisted.web never keeps one open).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klein._resource import URLDecodeError, extractURLparts
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request, Site
+from zope.interface import implementer
+
+from pharos.config import DEFAULT_REQUEST_HEADERS
+from pharos.proxy.errors import ApiError, is_ollama_path
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout"}
+
+
+class PharosChannel(HTTPChannel):
+    """An ``HTTPChannel`` whose protocol errors are JSON and whose request heads are bounded
+    in time and must end their lines in CRLF."""
+
+    head_deadline = DEFAULT_REQUEST_HEADERS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._head_timer: IDelayedCall | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.line_mode and not self._handlingRequest:
+            if self._head_timer is None and self.transport is not None:
+                self._head_timer = self.callLater(self.head_deadline, self._head_too_slow)
+            head = self._buffer + data
+            end = head.find(b"\r\n\r\n")
+            if end >= 0:
+                head = head[:end]
+            if b"\n" in head.replace(b"\r\n", b""):
+                self._refuse(400, "request lines must end in CRLF")
+                return
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._stop_head_timer()
+        super().allHeadersReceived()
+        if self._version != b"HTTP/1.1":
+            self.requests[-1].responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        self._refuse(408, f"request headers did not arrive within {self.head_deadline:g} s")
+
+    def _stop_head_timer(self) -> None:
+        timer, self._head_timer = self._head_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self._refuse(400, "malformed HTTP request (request line, headers or body framing)")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON body and close the connection."""
+        self._stop_head_timer()
+        transport = self.transport
+        if transport is None or getattr(self, "_refused", False):
+            return
+        self._refused = True
+        path = getattr(self, "_path", b"") or b""
+        body = ApiError(status, message, code="bad_request").body(ollama=is_ollama_path(path))
+        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                        % (status, _REASONS[status], len(body), body))
+        self.dataReceived = self.lineReceived = lambda *a: None  # type: ignore[method-assign]
+        self.loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stop_head_timer()
+        super().connectionLost(reason)
+
+
+class PublicSite(Site):
+    """The public site: ``PharosChannel``s, and no access log (one debug line per request
+    belongs to obs, without prompt text)."""
+
+    head_deadline = DEFAULT_REQUEST_HEADERS
+
+    def protocol(self) -> _GenericHTTPChannelProtocol:
+        channel = PharosChannel()
+        channel.head_deadline = self.head_deadline
+        return _GenericHTTPChannelProtocol(channel)
+
+    def log(self, request: Any) -> None:
+        """Nothing: twisted.web's access line is not Pharos's request log."""
+
+
+@implementer(IResource)
+class PathGuard(Resource):
+    """In front of the Klein resource: a path that is not valid percent-encoded UTF-8 gets a
+    JSON 400 (Klein answers text/html and logs a traceback for it)."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Resource) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def render(self, request: Request) -> Any:
+        try:
+            extractURLparts(request)
+        except URLDecodeError:
+            request.setResponseCode(400)
+            request.setHeader(b"content-type", b"application/json")
+            return ApiError(400, "the URL is not valid percent-encoded UTF-8",
+                            code="bad_request").body(ollama=is_ollama_path(request.path))
+        return self.inner.render(request)

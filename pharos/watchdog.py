@@ -1,0 +1,66 @@
+"""The lease watchdog (issue 9): a lease older than the drain timeout whose reply moved no
+byte for a whole check period is a request nothing will end. The request path is built so
+that this never happens; the watchdog is how an operator would learn that it did. It logs
+each such lease once (target and age, no prompt text) and counts it (``Scheduler.stuck``)."""
+
+from __future__ import annotations
+
+from twisted.application.service import Service
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from pharos.config import DEFAULT_DRAIN_TIMEOUT
+from pharos.sched import Lease, Scheduler
+
+log = Logger()
+
+#: Seconds between checks; a lease must also have been silent this long.
+CHECK_EVERY = 30.0
+
+
+class Watchdog(Service):
+    """Checks the scheduler's leases every ``every`` seconds on ``clock``."""
+
+    def __init__(self, sched: Scheduler, clock: IReactorTime,
+                 older_than: float = DEFAULT_DRAIN_TIMEOUT, every: float = CHECK_EVERY) -> None:
+        self.sched = sched
+        self.clock = clock
+        self.older_than = older_than
+        self.every = every
+        self._reported: set[int] = set()
+        self._call: IDelayedCall | None = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._call = self.clock.callLater(self.every, self._tick)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+
+    def _tick(self) -> None:
+        self._call = None
+        try:
+            self.check()
+        finally:
+            if self.running:
+                self._call = self.clock.callLater(self.every, self._tick)
+
+    def check(self) -> list[Lease]:
+        """The stuck leases found now that were not reported before (logged and counted)."""
+        now = self.clock.seconds()
+        live = {id(lease) for lease in self.sched.leases}
+        self._reported &= live
+        found = []
+        for lease in self.sched.leases:
+            age = now - lease.granted_at
+            silent = now - (lease.moved_at if lease.moved_at is not None else lease.granted_at)
+            if age > self.older_than and silent >= self.every and id(lease) not in self._reported:
+                self._reported.add(id(lease))
+                self.sched.stuck += 1
+                found.append(lease)
+                log.warn("lease on {target} held {age:.0f} s, no byte for {silent:.0f} s",
+                         target=lease.target.key, age=age, silent=silent)
+        return found
