@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo doctor-demo test check lint live-engines clean
+.PHONY: install demo doctor-demo test check lint live-engines stress clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test: lint
 # Layers 1 and 2 only: the quick loop while editing.
 check: lint
 	PHAROS_LIVE=0 $(PY) -m pytest -ra -p no:cacheprovider -m "not live and not packaging"
+
+# The reliability stress table (issue 9): ~10 minutes, not part of `make test`; results into
+# contrib/bench/stress-<date>/ (commit them with the machine and date they name).
+stress: install
+	$(PY) contrib/stress/stress.py --out contrib/bench/stress-$$(date +%Y-%m-%d)
 
 live-engines:
 	bash tests/live/engines/setup.sh all

@@ -100,30 +100,6 @@ async def test_usage_chunk_added_and_stripped() -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_client_disconnect_frees_the_slot_and_stops_the_engine() -> None:
-    """A client that leaves mid-stream: the engine request is cancelled, the lease freed."""
-    fleet = await start_fleet([("llamacpp", {"slots": 2}, {"kind": "llamacpp"})])
-    double = fleet.doubles[0]
-    try:
-        double.hold()
-        port = int(fleet.url.rsplit(":", 1)[1])
-        s = socket.create_connection(("127.0.0.1", port))
-        body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 500,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: " + str(len(body)).encode()
-                  + b"\r\n\r\n" + body)
-        await eventually(lambda: double.running == 1)
-        target = fleet.target(double, "tiny")
-        assert target.inflight == 1
-        s.close()
-        await eventually(lambda: double.stats.cancelled == 1)
-        await eventually(lambda: target.inflight == 0)
-    finally:
-        await fleet.stop()
-
-
-@pytest_twisted.ensureDeferred
 async def test_killed_engine_cuts_only_its_stream_and_the_next_goes_elsewhere() -> None:
     """An engine dying mid-reply cuts that client (an incomplete read, not a clean end), is
     ejected, and the next request goes to the other engine."""

@@ -809,3 +809,25 @@ def test_routing_section() -> None:
     for path in ("routing.kv_pressure_threshold", "routing.session_affinity",
                  "routing.prefix_entries", "unknown field 'epsilon'"):
         assert path in text
+
+
+def test_timeouts_section() -> None:
+    """timeouts: durations or seconds, defaults for what is left out, and every bad value (zero,
+    negative, a bool, an unknown field, a family that does not exist) an error with its
+    path, all at once."""
+    from pharos.config import ConfigError as _ConfigError
+    from pharos.config import Timeouts, parse_config
+
+    assert parse_config("").timeouts == Timeouts()
+    t = parse_config("timeouts:\n  first_byte: {generate: 90s, embeddings: 5}\n"
+                     "  stream_idle: 1m\n  request_headers: 2.5\n  queue_stuck: 1h\n").timeouts
+    assert t == Timeouts(first_byte_generate=90, first_byte_embeddings=5, stream_idle=60,
+                         request_headers=2.5, queue_stuck=3600)
+    with pytest.raises(_ConfigError) as info:
+        parse_config("timeouts:\n  first_byte: {generate: 0, chat: 5s}\n  stream_idle: -1\n"
+                     "  request_headers: true\n  idle: 5s\n")
+    text = str(info.value)
+    for path in ("timeouts.first_byte.generate", "timeouts.first_byte: unknown field 'chat'",
+                 "timeouts.stream_idle", "timeouts.request_headers",
+                 "timeouts: unknown field 'idle'"):
+        assert path in text, path
