@@ -131,7 +131,7 @@ class PublicAPI:
     @app.handle_errors(Exception)
     def unexpected(self, request: IRequest, failure: Failure) -> bytes:
         """A fault of Pharos's own: logged, and a 500 in the client's shape, no traceback."""
-        log.failure("request to {path} failed", failure, path=_req(request).path)
+        log.failure("request to {path} failed", failure, path=_req(request).path[:200])
         return self._error(_req(request), ApiError(500, "internal error in Pharos",
                                                    type="server_error", code="pharos_error"))
 

@@ -86,6 +86,12 @@ def sleep(seconds: float) -> Deferred[None]:
     return deferLater(reactor, seconds, lambda: None)
 
 
+def within(d: Deferred[Any], seconds: float = 30.0) -> Deferred[Any]:
+    """``d``, failed with TimeoutError if it has not fired in ``seconds`` (a regression fails
+    the test instead of hanging it)."""
+    return d.addTimeout(seconds, reactor)
+
+
 async def eventually(check: Any, timeout: float = 5.0) -> None:
     """Wait until ``check()`` is true, polling the real reactor."""
     waited = 0.0

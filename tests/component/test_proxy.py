@@ -6,6 +6,7 @@ import json
 import socket
 from typing import Any
 
+import pytest
 import pytest_twisted
 import treq
 from twisted.internet import reactor
@@ -162,13 +163,14 @@ async def _until_routed_to(fleet: Any, failing: FailingVllm) -> list[tuple[int, 
     return seen
 
 
+@pytest.mark.parametrize("status", [502, 503, 504])
 @pytest_twisted.ensureDeferred
-async def test_503_is_retried_elsewhere_but_not_ejected() -> None:
-    """An engine that answers 503 (or 502, 504) before any byte reached the client: the
-    request is retried on another target and succeeds; the engine is not ejected."""
+async def test_502_503_504_are_retried_elsewhere_but_not_ejected(status: int) -> None:
+    """An engine that answers 502, 503 or 504 before any byte reached the client: the request
+    is retried on another target and succeeds; the engine is not ejected."""
     vllm_idle = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
     failing = FailingVllm(vllm_idle, reactor)
-    failing.status = 503
+    failing.status = status
     port, url = serve(failing)
     fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})], extra=[url])
     try:

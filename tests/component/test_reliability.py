@@ -13,11 +13,15 @@ from typing import Any
 import pytest
 import pytest_twisted
 import treq
+from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.web.server import NOT_DONE_YET
 
 from pharos.config import Timeouts
-from tests.component.fleet import Fleet, eventually, sleep, start_fleet
+from tests.component.capture_server import CaptureResource, close, serve
+from tests.component.fleet import Fleet, eventually, sleep, start_fleet, within
+from tests.replay.captures import all_captures, capture_id
 
 BODY = json.dumps({"model": "tiny", "stream": True, "max_tokens": 200,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -160,7 +164,7 @@ async def test_requests_on_a_hung_engine_go_elsewhere() -> None:
         replies = await _on(fleet, hung, 2)
         hung.hang()
         for d in replies:
-            r = await d
+            r = await within(d)
             assert r.code == 200
             assert r.headers.getRawHeaders(b"x-pharos-backend") == [healthy.url.encode()]
             assert (await r.content()).rstrip().endswith(b"data: [DONE]")
@@ -210,7 +214,7 @@ async def test_late_first_byte_moves_to_the_other_engine() -> None:
         slow.hold()
         replies = await _on(fleet, slow, 1)
         for d in replies:
-            r = await d
+            r = await within(d)
             assert r.code == 200
             assert r.headers.getRawHeaders(b"x-pharos-backend") == [other.url.encode()]
             await r.content()
@@ -259,9 +263,91 @@ async def test_healthz_is_503_while_the_queue_makes_no_progress() -> None:
         assert r.code == 503 and body["status"] == "stuck" and body["waiting"] == 1
         double.release()
         for d in replies:
-            await (await d).content()
+            await (await within(d)).content()
         r = await treq.get(fleet.url + "/healthz", pool=fleet.pool)
         assert r.code == 200
         await r.content()
     finally:
         await fleet.stop()
+
+
+class HeadersFirstVllm(CaptureResource):
+    """Status paths like vLLM's idle capture; a chat gets its 200 headers at once and no body
+    byte (as vLLM streams: headers first, tokens after the prefill). ``hung``: GETs (scrapes)
+    get no answer at all."""
+
+    hung = False
+
+    def __init__(self, *a: Any) -> None:
+        super().__init__(*a)
+        self.posts: list[Any] = []
+        self.gone = 0
+
+    def render_GET(self, request: Any) -> Any:
+        if self.hung:
+            return NOT_DONE_YET
+        return super().render_GET(request)
+
+    def render_POST(self, request: Any) -> Any:
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.write(b"")  # the headers go out now
+        self.posts.append(request)
+
+        def gone(_: object) -> None:
+            self.gone += 1
+
+        request.notifyFinish().addErrback(gone)
+        return NOT_DONE_YET
+
+
+def _headers_first() -> HeadersFirstVllm:
+    capture = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
+    return HeadersFirstVllm(capture, reactor)
+
+
+@pytest.mark.parametrize("rst", [False, True], ids=["fin", "rst"])
+@pytest_twisted.ensureDeferred
+async def test_client_gone_between_headers_and_first_byte_aborts_it(rst: bool) -> None:
+    """The engine sent its headers and no byte yet when the client leaves: the engine's
+    connection is closed (it stops generating) and the lease freed."""
+    engine = _headers_first()
+    port, url = serve(engine)
+    fleet = await start_fleet([], extra=[url])
+    try:
+        s = _send(_port(fleet))
+        await eventually(lambda: len(engine.posts) == 1)
+        await sleep(0.1)  # the headers reached Pharos
+        _leave(s, rst)
+        await eventually(lambda: engine.gone == 1)
+        await eventually(lambda: _inflight(fleet) == 0)
+    finally:
+        await fleet.stop()
+        await close(port)
+
+
+@pytest_twisted.ensureDeferred
+async def test_headers_but_no_byte_on_a_hung_engine_go_elsewhere() -> None:
+    """An engine that answered headers, then hung (its scrapes fail) before any body byte:
+    nothing reached the client yet, so the request moves to the other engine and succeeds."""
+    engine = _headers_first()
+    port, url = serve(engine)
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})], extra=[url])
+    try:
+        replies = []
+        for _ in range(60):
+            replies.append(ensureDeferred(fleet.chat("tiny", stream=True)))
+            await sleep(0.01)
+            if engine.posts:
+                break
+        assert engine.posts, "no request was routed to the headers-first engine"
+        engine.hung = True
+        for d in replies:
+            r = await within(d)
+            assert r.code == 200
+            assert r.headers.getRawHeaders(b"x-pharos-backend") == [
+                fleet.doubles[0].url.encode()]
+            assert (await r.content()).rstrip().endswith(b"data: [DONE]")
+        assert engine.gone == len(engine.posts)
+    finally:
+        await fleet.stop()
+        await close(port)
