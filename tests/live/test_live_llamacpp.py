@@ -7,6 +7,7 @@ import time
 import pytest_twisted
 
 from tests.live.conftest import ensure_installed
+from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
     doctor,
@@ -128,3 +129,14 @@ async def test_pharos_predicts_a_repeated_prefix_and_corrects_an_evicted_one() -
             assert (await pharos.chat(system, "Which buoy?")).predicted == 0
         finally:
             await pharos.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_gone_mid_stream_through_pharos_stops_llamacpp(
+        llamacpp: engines.RunningEngine) -> None:
+    """A client that leaves a long stream through Pharos after its first token: Pharos closes
+    the engine connection and llama.cpp frees the slot (requests_processing back to 0), with
+    no lease left in Pharos."""
+    wait_idle(llamacpp)
+    await client_leaves_mid_stream(llamacpp, "llamacpp", SLOW,
+                                          "llamacpp:requests_processing")

@@ -7,6 +7,7 @@ import time
 
 import pytest_twisted
 
+from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
     doctor,
@@ -139,3 +140,13 @@ def test_prefix_is_shared_from_the_first_token(vllm: engines.RunningEngine) -> N
     assert still_running, "the slow stream ended first: rerun"
     cached = json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 256, cached
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_gone_mid_stream_through_pharos_stops_vllm(
+        vllm: engines.RunningEngine) -> None:
+    """A client that leaves a long stream through Pharos after its first token: Pharos closes
+    the engine connection and vLLM aborts the request (running back to 0 well before the
+    stream's tokens would end), with no lease left in Pharos."""
+    wait_idle(vllm)
+    await client_leaves_mid_stream(vllm, "vllm", SLOW, "vllm:num_requests_running")
