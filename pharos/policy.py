@@ -10,14 +10,14 @@ Two policies share the signature (``POLICIES``):
 
 ``cost``
     The estimated time to first token in seconds, ``est_ttft = wait + load + prefill`` plus a
-    KV-pressure penalty (above ``kv_pressure_threshold`` the prefill a prefix match saves is
-    added back in proportion, all of it at 100 % usage: the cache is likely to be evicted, so
-    the match is trusted less). ``wait`` is the prefill Pharos has already sent the target and
-    that has not produced a first byte yet (engines compute prompts in arrival order, so a
-    free slot behind three long prompts still waits for them), plus, without a free slot, the
-    slot wait of spec §7. The lowest wins; costs within ``tie_window_sec`` of the lowest
-    tie, and ties go to the lower utilization, then to a pseudo-random choice seeded by
-    ``req.seed``.
+    KV-pressure penalty (above ``kv_pressure_threshold`` part of the prefill a prefix match
+    saves is added back in proportion, ``KV_DISTRUST_MAX`` of it at 100 % usage: the cache is
+    likely to be evicted, so the match is trusted less). ``wait`` is the prefill Pharos has
+    already sent the target and that has not produced a first byte yet (engines compute prompts
+    in arrival order, so a free slot behind three long prompts still waits for them), plus,
+    without a free slot, the slot wait of spec §7. The lowest wins; costs within
+    ``tie_window_sec`` of the lowest tie, and ties go to the lower utilization, then to a
+    pseudo-random choice seeded by ``req.seed``.
 ``least-load``
     Utilization only (same tie rule), the escape hatch if the estimates misbehave on a fleet.
 
@@ -34,7 +34,10 @@ Guards (spec §7 and the related systems' load guards), each with a documented d
 * bounded load: a target already holding ``ceil((1 + epsilon) × (in_flight + 1) / n)`` of the
   model's in-flight requests is set aside, so a hot prefix cannot melt one engine (some target
   always qualifies; the guard steps back when it would leave none);
-* KV pressure: above ``kv_pressure_threshold`` the match is trusted less (the penalty above);
+* KV pressure: above ``kv_pressure_threshold`` the match is trusted less (the penalty above),
+  by at most ``KV_DISTRUST_MAX`` of what it saves, so a target holding the prompt still beats
+  one holding nothing; when (nearly) every candidate is above, the guard is waived for all
+  (``kv_waived``): a fleet full everywhere would otherwise lose its cache signal;
 * session affinity: a request naming its conversation (``RouteReq.affinity``: the target its
   session last used) goes back there while that target is feasible and has a free slot;
 * hot-prefix spreading is the scheduler's (it prices extra owners of a hot root prefix as
@@ -67,6 +70,17 @@ SERVICE_SEC_DEFAULT: Final = 5.0
 TIE_WINDOW_SEC: Final = 0.001
 #: KV cache usage above which a prefix match is trusted less (it is likely to be evicted).
 KV_PRESSURE_THRESHOLD: Final = 0.9
+#: The most of a match's saved prefill the KV-pressure guard takes back (at 100 % usage): a
+#: target holding the prompt still costs less than one holding nothing. Taking all of it back
+#: erased the cache signal on a busy fleet (hit rate 0.40, issue 10).
+KV_DISTRUST_MAX: Final = 0.5
+#: The guard is waived for every candidate when at most this share of those reporting KV
+#: usage is at or below the threshold: a fleet that is full everywhere (as engines under
+#: sustained load report, a full prefix cache) gives no candidate a likelier-to-keep cache.
+KV_WAIVE_BELOW_SHARE: Final = 0.1
+#: ``Decision.guards`` entries of the KV-pressure guard.
+KV_WAIVED: Final = "kv_waived"
+KV_DISCOUNTED: Final = "kv_discounted"
 
 #: ``Score.set_aside`` of a cold load that would evict a model with requests in flight.
 SET_ASIDE_WONT_FIT: Final = "cold load won't fit"
@@ -124,7 +138,8 @@ class PolicyConfig:
     load_sec_default: float = LOAD_SEC_DEFAULT
     service_sec_default: float = SERVICE_SEC_DEFAULT
     tie_window_sec: float = TIE_WINDOW_SEC
-    #: KV usage above this discounts a prefix match linearly, to nothing at 100 %; 1.0: off.
+    #: KV usage above this discounts a prefix match linearly, by KV_DISTRUST_MAX at 100 %
+    #: (waived when nearly every candidate is above); 1.0: off.
     kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
     #: Bounded load's epsilon; None: off.
     bounded_load_epsilon: float | None = BOUNDED_LOAD_EPSILON
@@ -181,6 +196,8 @@ class Decision:
     reason: str  # for people: logs, headers, the status page
     why: Why | None  # the §13 route outcome; None without a target
     score_terms: tuple[ScoreTerms, ...]  # per candidate, in the order of the candidates
+    #: Guards that acted on this decision (``KV_WAIVED``, ``KV_DISCOUNTED``).
+    guards: tuple[str, ...] = ()
 
     @property
     def scores(self) -> tuple[Score, ...]:
@@ -205,9 +222,12 @@ def _fleet(values: list[float], default: float, field: str) -> tuple[float, str]
 class _Scored:
     """One pick's working set: the terms, and the columns selection reads."""
 
-    __slots__ = ("aside", "best", "est", "feasible", "terms", "util")
+    __slots__ = ("aside", "best", "est", "feasible", "kv_discounted", "kv_waived", "terms",
+                 "util")
 
     def __init__(self) -> None:
+        self.kv_waived = False  # every (or nearly every) candidate was under KV pressure
+        self.kv_discounted = 0  # matches the guard discounted
         self.terms: list[ScoreTerms] = []
         self.est: list[float | None] = []
         self.util: list[float] = []
@@ -226,6 +246,7 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
     terms, ests, utils, feasible = out.terms, out.est, out.util, out.feasible
     best = math.inf
     bound = _load_bound(candidates, cfg.bounded_load_epsilon if cfg.name == "cost" else None)
+    waived = out.kv_waived = threshold < 1 and _kv_waived(candidates, threshold)
     for c in candidates:
         capacity = c.capacity
         if capacity < 1:
@@ -286,9 +307,10 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
             kv = c.kv_usage
             if kv is None:
                 fallbacks = (*fallbacks, KV_USAGE_UNKNOWN)
-            elif kv > threshold:
-                distrust = min((kv - threshold) / (1.0 - threshold), 1.0) if threshold < 1 else 1.0
+            elif kv > threshold and not waived:
+                distrust = min((kv - threshold) / (1.0 - threshold), 1.0) * KV_DISTRUST_MAX
                 kv_penalty = matched * per_token * distrust
+                out.kv_discounted += 1
 
         if set_aside is None and c.inflight >= bound:
             set_aside = SET_ASIDE_BOUNDED_LOAD
@@ -312,6 +334,20 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
 
 
 _UNBOUNDED: Final = 1 << 62
+
+
+def _kv_waived(candidates: Sequence[Candidate], threshold: float) -> bool:
+    """Whether (nearly) every candidate that reports KV usage is above the threshold: then no
+    cache is likelier to keep a prompt than another, and the guard would only erase the
+    cache signal."""
+    known = above = 0
+    for c in candidates:
+        kv = c.kv_usage
+        if kv is not None:
+            known += 1
+            if kv > threshold:
+                above += 1
+    return known > 0 and known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE)
 
 
 def _load_bound(candidates: Sequence[Candidate], epsilon: float | None) -> int:
@@ -406,7 +442,15 @@ def _decide(
     fallbacks = scored.terms[win][7]
     if fallbacks:
         parts.append("assumed " + ", ".join(fallbacks))
-    return Decision(c.target_id, enqueue, ", ".join(parts), why, tuple(scored.terms))
+    guards: tuple[str, ...] = ()
+    if scored.kv_waived:
+        guards = (KV_WAIVED,)
+        parts.append("kv pressure waived (every candidate above the threshold)")
+    elif scored.kv_discounted:
+        guards = (KV_DISCOUNTED,)
+        parts.append(f"kv pressure discounted {scored.kv_discounted} match"
+                     + ("es" if scored.kv_discounted > 1 else ""))
+    return Decision(c.target_id, enqueue, ", ".join(parts), why, tuple(scored.terms), guards)
 
 
 def _why(candidates: Sequence[Candidate], scored: _Scored, win: int, s: Score) -> Why:

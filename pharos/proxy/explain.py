@@ -43,7 +43,7 @@ def explain(sched: Scheduler, route: str, parsed: Parsed, session: str | None,
     winner = by_id[decision.target_id].key if decision.target_id is not None else None
     return {
         "route": route,
-        "model": parsed.model,
+        "model": errors.echo(parsed.model),
         "policy": sched.policy.name,
         "prompt_tokens": parsed.prompt_tokens,
         "chain_links": len(parsed.chain),
@@ -57,6 +57,7 @@ def explain(sched: Scheduler, route: str, parsed: Parsed, session: str | None,
         "reason": decision.reason,
         "why": decision.why,
         "decided_by": deciding_term(scores, decision.target_id),
+        "guards": list(decision.guards),
     }
 
 

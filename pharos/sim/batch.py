@@ -158,6 +158,12 @@ class BlockPool:
         """Share of the pool held (vLLM's ``kv_cache_usage_perc``)."""
         return self.held / self.capacity
 
+    @property
+    def filled(self) -> int:
+        """Blocks held, plus free blocks that still cache a prefix (the cache's fill)."""
+        hashes = self._hash
+        return self.held + sum(1 for b in self._free if hashes[b] is not None)
+
     def lookup(self, hashes: Iterable[bytes], limit: int | None = None) -> list[int]:
         """The blocks of the longest cached prefix of ``hashes`` (at most ``limit`` blocks),
         without touching them."""
@@ -429,8 +435,9 @@ class BatchModel(ModelCore):
         """Gauges and counters now."""
         pool = self._pool
         jobs = sorted((s.job for s in self._running), key=lambda j: j.slot or 0)
+        blocks = pool.filled if self.knobs.kv_usage_counts == "fill" else pool.held
         model = ModelStatus(self._name, self._size, LOADED, len(self._running),
-                            len(self._waiting), pool.held * self._bt, self._last_used, None)
+                            len(self._waiting), blocks * self._bt, self._last_used, None)
         return self._status((model,), jobs, pool.capacity * self._bt,
                             preemptions=self._preemptions, prefix_queries_total=self._queries,
                             prefix_hits_total=self._hits)

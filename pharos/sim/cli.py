@@ -22,6 +22,7 @@ from pharos.sim.model import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     DEFAULT_PREFILL_S,
     DEFAULT_SLOTS,
+    KV_USAGE_COUNTS,
     Knobs,
 )
 
@@ -77,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
                        help="d of P(u, c): milliseconds any prefill costs")
     batch.add_argument("--decode-seq-us", type=float, default=None,
                        help="microseconds each further sequence adds to a decode step")
+    batch.add_argument("--kv-usage", choices=KV_USAGE_COUNTS, default=None,
+                       help="what kv_cache_usage_perc counts: blocks of running requests "
+                            "(running, as vLLM does; the default) or the prefix cache's fill")
     return p
 
 
@@ -99,6 +103,7 @@ def double_args(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_fixed_s": None if args.prefill_fixed_ms is None
         else args.prefill_fixed_ms / 1000,
         "decode_seq_s": None if args.decode_seq_us is None else args.decode_seq_us / 1e6,
+        "kv_usage_counts": args.kv_usage,
     }
     if args.num_gpu_blocks_override is not None:
         block = args.block_size or int(VLLM_KNOBS["block_tokens"] if args.kind == VLLM

@@ -50,6 +50,10 @@ LOAD = "load"
 UNLOAD = "unload"
 
 
+#: The ways the vLLM double can count its KV usage (``Knobs.kv_usage_counts``).
+KV_USAGE_COUNTS = ("running", "fill")
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """The numbers of the behaviour models. Defaults are the ledger's assumed values.
@@ -79,6 +83,11 @@ class Knobs:
     block_tokens: int = 16
     #: Tokens one engine step may compute (vLLM's --max-num-batched-tokens).
     batch_tokens: int = 2048
+    #: What the vLLM double's KV usage gauge counts: ``running``, the blocks running requests
+    #: hold (vLLM's ``kv_cache_usage_perc``: near 0 on an idle engine however full its prefix
+    #: cache), or ``fill``, those plus the free blocks still caching a prefix (the full cache a
+    #: busy engine shows, near 1 once the pool has cycled).
+    kv_usage_counts: str = "running"
 
     def __post_init__(self) -> None:
         for name in ("prefill_s", "decode_s", "load_s", "prefill_pair_s", "prefill_fixed_s",
@@ -89,6 +98,8 @@ class Knobs:
             raise ValueError("host_memory > 0, cache_tokens >= 0 and max_output_tokens >= 1")
         if self.block_tokens < 1 or self.batch_tokens < 1:
             raise ValueError("block_tokens and batch_tokens must be at least 1")
+        if self.kv_usage_counts not in KV_USAGE_COUNTS:
+            raise ValueError(f"kv_usage_counts must be one of {', '.join(KV_USAGE_COUNTS)}")
 
     def prefill_seconds(self, uncached: int, cached: int) -> float:
         """P(u, c): the time to compute ``uncached`` prompt tokens after ``cached`` ones."""

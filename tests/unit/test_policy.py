@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from pharos import policy
 from pharos.policy import (
     FITS_IF_COLD_UNKNOWN,
+    KV_DISCOUNTED,
     KV_USAGE_UNKNOWN,
+    KV_WAIVED,
     SET_ASIDE_WONT_FIT,
     Candidate,
     Decision,
@@ -108,17 +110,18 @@ def test_cost_branches(cands: list[Candidate], target: int, why: str, enqueue: b
 
 def test_cost_terms_follow_the_formula() -> None:
     """Every term of a score is the spec §7 formula: wait = (queue+1)/capacity × service when
-    saturated, load when cold, prefill of the uncached tokens, the KV penalty (half the match
-    at 95 % usage with the 0.9 threshold), utilization counting the queue."""
+    saturated, load when cold, prefill of the uncached tokens, the KV penalty (a quarter of
+    what the match saves at 95 % usage with the 0.9 threshold: half the way to 100 %, times
+    KV_DISTRUST_MAX), utilization counting the queue."""
     c = cand(1, capacity=2, free_slots=0, queue_ahead=3, service_sec=4.0, warm=False,
              load_sec=5.0, kv_usage=0.95, matched_tokens=500)
-    (s,) = score(REQ, [c], COST)
+    s, _ = score(REQ, [c, cand(2, kv_usage=0.1)], COST)
     assert s.wait == pytest.approx(8.0)
     assert s.load == pytest.approx(5.0)
     assert s.prefill == pytest.approx(1.0)
-    assert s.kv_penalty == pytest.approx(0.5)
+    assert s.kv_penalty == pytest.approx(0.25)
     assert s.utilization == pytest.approx(2.5)
-    assert s.est_ttft == pytest.approx(14.5)
+    assert s.est_ttft == pytest.approx(14.25)
     assert s.feasible and s.set_aside is None and s.fallbacks == ()
 
 
@@ -183,23 +186,53 @@ def test_unknown_residency_pays_no_load() -> None:
     [
         pytest.param(0.5, 1, 0.0, id="no-pressure-match-wins"),
         pytest.param(0.9, 1, 0.0, id="at-threshold-no-penalty"),
-        pytest.param(0.98, 2, 1.6, id="pressure-changes-the-winner"),
-        pytest.param(1.0, 2, 2.0, id="full-cache-match-not-trusted"),
+        pytest.param(0.98, 1, 0.8, id="pressure-discounts-the-holder-still-wins"),
+        pytest.param(1.0, 2, 1.0, id="full-cache-loses-to-a-longer-unpressured-match"),
         pytest.param(None, 1, 0.0, id="unknown-usage-match-trusted"),
     ],
 )
 def test_kv_pressure_penalty(kv_usage: float | None, winner: int, penalty: float) -> None:
-    """Above the 0.9 threshold the prefill a prefix match saves is added back in proportion
-    (all of it at 100 %), which can hand the win to a target with a shorter match and no
-    pressure; unknown KV usage adds no penalty but is listed as an assumption."""
+    """Above the 0.9 threshold part of the prefill a prefix match saves is added back in
+    proportion (KV_DISTRUST_MAX of it at 100 %), which hands the win to a target without
+    pressure only when that one's own match is close (600 of 1,000 tokens here); unknown KV
+    usage adds no penalty but is listed as an assumption."""
     cands = [cand(1, matched_tokens=1000, kv_usage=kv_usage),
-             cand(2, matched_tokens=500, kv_usage=0.5)]
+             cand(2, matched_tokens=600, kv_usage=0.5)]
     d = pick(REQ, cands, COST)
     assert d.target_id == winner
     s = by_id(d, 1)
     assert s.kv_penalty == pytest.approx(penalty)
     assert s.prefill == 0.0
     assert (KV_USAGE_UNKNOWN in s.fallbacks) == (kv_usage is None)
+
+
+def test_a_holder_under_full_pressure_still_beats_a_target_holding_nothing() -> None:
+    """At 100 % KV usage the holder pays back at most half of what its match saves, so it
+    still costs less than an idle target without the prompt; the decision says the guard
+    discounted a match."""
+    d = pick(REQ, [cand(1, matched_tokens=1000, kv_usage=1.0), cand(2, kv_usage=0.2)], COST)
+    assert d.target_id == 1
+    assert by_id(d, 1).kv_penalty == pytest.approx(1.0)
+    assert d.guards == (KV_DISCOUNTED,) and "kv pressure discounted 1 match" in d.reason
+
+
+@pytest.mark.parametrize(("above", "below", "waived"),
+                         [(3, 0, True), (2, 1, False), (9, 1, True), (8, 2, False),
+                          (1, 0, True)])
+def test_kv_pressure_is_waived_when_nearly_every_candidate_is_above(
+        above: int, below: int, waived: bool) -> None:
+    """When every candidate reporting KV usage is above the threshold (at most one in ten
+    below), the guard is waived for all: no match is discounted, the prefix decides, and
+    the decision and its reason say so; otherwise it discounts the pressured matches."""
+    cands = [cand(i, matched_tokens=1000 if i == 0 else 0, kv_usage=0.99)
+             for i in range(above)]
+    cands += [cand(above + i, kv_usage=0.3) for i in range(below)]
+    cands.append(cand(99, kv_usage=None))  # unknown usage neither counts for nor against
+    d = pick(REQ, cands, COST)
+    assert d.target_id == 0
+    assert (by_id(d, 0).kv_penalty == 0.0) == waived
+    assert d.guards == ((KV_WAIVED,) if waived else (KV_DISCOUNTED,))
+    assert ("kv pressure waived" in d.reason) == waived
 
 
 def test_kv_pressure_threshold_one_turns_the_penalty_off() -> None:

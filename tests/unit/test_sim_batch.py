@@ -605,3 +605,23 @@ def test_vllm_flags_of_the_sim_cli() -> None:
     assert got["prefill_fixed_s"] == 0.004 and got["decode_seq_s"] == pytest.approx(5e-5)
     plain = double_args(parser().parse_args(["--kind", "vllm"]))
     assert not {"prefill_s", "decode_s", "cache_tokens", "batch_tokens"} & set(plain)
+
+
+def test_kv_usage_counts_running_blocks_or_the_caches_fill() -> None:
+    """KV usage as vLLM counts it is the blocks running requests hold (0 once they finish,
+    however full the prefix cache); ``fill`` also counts free blocks still caching a prefix,
+    so an idle engine whose cache has cycled reports it full. ``--kv-usage fill`` sets it."""
+    results = {}
+    for counts in ("running", "fill"):
+        clock = Clock()
+        model = engine(clock, slots=4, cache_tokens=64 * 16, kv_usage_counts=counts)
+        for i in range(6):  # 6 x 20 blocks of distinct prompts through a 64-block pool
+            submit(model, clock, prompt(300, f"p{i}"), max_tokens=1)
+            run(clock, 100)
+        results[counts] = model.status().kv_usage
+    assert results["running"] == 0.0
+    assert results["fill"] > 0.9
+    args = double_args(parser().parse_args(["--kind", "vllm", "--kv-usage", "fill"]))
+    assert args["kv_usage_counts"] == "fill"
+    with pytest.raises(ValueError):
+        Knobs(kv_usage_counts="blocks")
