@@ -10,6 +10,7 @@ import json
 import random
 
 import pytest_twisted
+import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from tests.component.fleet import Fleet, eventually, start_fleet
@@ -37,9 +38,15 @@ async def _hit_rate(kv_usage_counts: str) -> tuple[float, list[str], list[float]
                                for i in range(3)])
     try:
         rng = random.Random(7)
-        # Fill every pool with prompts nobody repeats (the cache a busy fleet has).
-        for i in range(48):
-            await _chat(fleet, f"filler {i} " * 400, "x")
+        # Fill every pool with prompts nobody repeats (the cache a busy fleet has), sent to
+        # each engine directly so every pool cycles.
+        for d in fleet.doubles:
+            for i in range(8):
+                body = {"model": "tiny", "max_tokens": 1, "messages": [
+                    {"role": "user", "content": f"filler {d.url} {i} " * 200}]}
+                r = await treq.post(d.url + "/v1/chat/completions", json.dumps(body).encode(),
+                                    pool=fleet.pool)
+                await r.content()
         await eventually(lambda: all(fleet.pharos.state.view(t).kv_usage is not None
                                      for t in fleet.pharos.state.targets), timeout=10)
         kv: list[float] = []
@@ -75,6 +82,6 @@ async def test_full_kv_usage_keeps_prefix_affinity() -> None:
     assert idle < 0.3 and min(kv_full) >= 0.95
     assert near_zero > 0.6, near_zero
     assert abs(full - near_zero) < 0.08, (full, near_zero)
-    assert any("kv pressure waived" in r for r in reasons)
+    assert sum("kv pressure waived" in r for r in reasons) > len(reasons) / 2
 
 
