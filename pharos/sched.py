@@ -26,7 +26,7 @@ from pharos.engine.signals import Residency
 from pharos.hot import UTILIZATION, HotPrefixes
 from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
 from pharos.prefix import BYTES_PER_TOKEN, EMPTY, Chain, Match, PrefixIndex, Source, classify
-from pharos.state.registry import Target
+from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
@@ -35,6 +35,14 @@ QUEUE_LIMIT = 1000
 #: Slots of a target whose engine and config say nothing: saturated after this many requests
 #: or as soon as the engine reports a queue (assumed, spec §14 ledger).
 DEFAULT_CAPACITY = 2
+#: A Running count above this is not a capacity any engine has: the round's count is taken
+#: as unknown for learning (a broken or hostile metrics page).
+MAX_PLAUSIBLE_CAPACITY = 4096
+#: Consecutive rounds with an engine queue before its Running is taken as the capacity.
+QUEUE_ROUNDS = 2
+#: Where a target's capacity came from (explain, doctor).
+CAPACITY_ENGINE, CAPACITY_CONFIG, CAPACITY_LEARNED, CAPACITY_DEFAULT = (
+    "engine", "config", "learned", "default")
 #: Sessions remembered for affinity (least recently used go first).
 SESSIONS = 100_000
 #: Engines whose prefix cache serves every request as soon as a prompt is computed, so a
@@ -436,14 +444,67 @@ class Scheduler:
                         key=lambda tid: rank(root, tid))
         return frozenset(others[: k - len(holders)])
 
+    def capacity_of(self, t: Target) -> tuple[int | None, str]:
+        """The target's capacity and its source: the engine's own, else config, else learned,
+        else None (the saturation fallback applies)."""
+        v = self.state.view(t)
+        if v.capacity:
+            return v.capacity, CAPACITY_ENGINE
+        if t.backend.spec.capacity:
+            return t.backend.spec.capacity, CAPACITY_CONFIG
+        if t.learned_capacity is not None:
+            return t.learned_capacity, CAPACITY_LEARNED
+        return None, CAPACITY_DEFAULT
+
+    def learn_capacity(self, backend: BackendState) -> None:
+        """After a scrape round: learn the capacity of the backend's targets that report none
+        (vLLM exports no max-num-seqs). A count seen running at once is never unlearned;
+        while Pharos has waiters for the model, fills every slot it assumes and the engine
+        reports no queue, one more slot is tried; when the engine queues (two rounds in a
+        row), its Running is the capacity (but never below what it was seen running)."""
+        waiting_models = {w.req.model for q in self._queues.values() for w in q}
+        for t in self.state.targets:
+            if t.backend is not backend:
+                continue
+            v = self.state.view(t)
+            # This round's counts hold as evidence even when a reply ended since (the view's
+            # load_fresh): a queue seen at the scrape was a queue.
+            if v.capacity or t.backend.spec.capacity or t.backend.failing is not None:
+                continue
+            running, queued = v.running, v.waiting
+            if running is None or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY:
+                continue  # unknown this round: nothing learned, nothing forgotten
+            current = t.learned_capacity
+            base = current if current is not None else self.default_capacity
+            t.capacity_seen_max = seen = max(t.capacity_seen_max, running)
+            t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
+            if t.queue_rounds >= QUEUE_ROUNDS:
+                # The engine queues (two rounds running: a request waiting for the next engine
+                # step is not a queue): it runs all it can.
+                learned = max(seen, 1)
+                t.capacity_seen_queue = True
+            elif queued == 0 and t.model in waiting_models and (
+                    running if t.capacity_seen_queue else max(running, t.inflight)) >= base:
+                # Every slot in use, no engine queue, and Pharos has more: try one more. Until
+                # the engine has queued once, Pharos's own in-flight count stands in for a
+                # Running that lags (a request still in the engine's front end); after, only
+                # the engine's Running does.
+                learned = base + 1
+            elif seen > base:
+                learned = seen  # it ran more than that at once (clients bypassing Pharos)
+            else:
+                continue
+            t.learned_capacity = learned
+
     def candidate(self, t: Target, queued: int, matched_tokens: int = 0) -> Candidate:
         """One target as the policy sees it: occupancy = max(our in-flight, the engine's fresh
-        Running); capacity from the engine, else config, else the saturation fallback."""
+        Running); capacity from the engine, else config, else learned, else the saturation
+        fallback."""
         v = self.state.view(t)
         engine_running = v.running if v.load_fresh else None
         engine_waiting = v.waiting if v.load_fresh else None
         occupied = max(t.inflight, engine_running or 0)
-        capacity = v.capacity or t.backend.spec.capacity
+        capacity = v.capacity or t.backend.spec.capacity or t.learned_capacity
         if capacity is None:
             capacity = self.default_capacity
             saturated = (engine_waiting or 0) > 0 or t.inflight >= capacity

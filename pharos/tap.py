@@ -20,6 +20,7 @@ from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
 from pharos.sched import Guards, Scheduler
+from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
 from pharos.watchdog import Watchdog
 
@@ -78,12 +79,17 @@ class PharosService(MultiService):
                               session_affinity=r.session_affinity)
         self.sched = Scheduler(self.state, policy, index=PrefixIndex(r.prefix_entries),
                                guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization))
-        self.state.on_round = lambda _backend: self.sched.kick()
+        self.state.on_round = self._round
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
                                 timeouts=config.timeouts)
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
+
+    def _round(self, backend: BackendState) -> None:
+        """A scrape round ended: learn capacities from it, then re-run the waiters."""
+        self.sched.learn_capacity(backend)
+        self.sched.kick()
 
     def startService(self) -> None:
         """Start scraping the configured backends."""

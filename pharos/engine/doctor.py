@@ -197,8 +197,9 @@ async def _surprises(
             )
     elif not engine_capacity:
         report.surprises.append(
-            "capacity: unknown (engine reports none, config sets none): a target counts as "
-            "saturated after 2 requests or when the engine reports waiting"
+            "capacity: unknown (engine reports none, config sets none): Pharos learns it under "
+            "load from the engine's running and waiting counts (starting from 2 slots; "
+            "POST /admin/explain shows the learned value); set capacity: to fix it"
         )
     listed = set(snap.models or ())
     for engine_name, client_name in aliases.items():

@@ -26,6 +26,7 @@ class BackendState:
     load_at: float | None = None
     ejected: bool = False
     failing: str | None = None  # why the last round failed; None when it answered
+    failed_rounds: int = 0  # consecutive failed rounds
     removed: bool = False
     rounds: int = 0
 
@@ -63,6 +64,14 @@ class Target:
     queued_prefill: float = 0.0
     #: How many of our requests on it have no first byte yet.
     unstarted: int = 0
+    #: Capacity learned from the engine's own counts when it reports none (issue 10): the
+    #: most requests it was seen running at once, raised one slot at a time while Pharos has
+    #: waiters and the engine no queue, set to Running when the engine queues. None: nothing
+    #: learned yet. ``capacity_seen_queue``: the value came from an engine queue.
+    learned_capacity: int | None = None
+    capacity_seen_queue: bool = False
+    capacity_seen_max: int = 0  # the most requests the engine was seen running at once
+    queue_rounds: int = 0  # consecutive rounds the engine reported a queue
 
     @property
     def key(self) -> str:

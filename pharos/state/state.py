@@ -37,6 +37,10 @@ FULL_EVERY = 5
 RESOLVE_EVERY = 600.0
 #: Removed backends whose state is kept for their return (docker restart).
 KEEP_REMOVED = 32
+#: Consecutive failed rounds before a backend counts as down (ejected, its requests without a
+#: first byte moved): one slow scrape of a busy engine (vLLM's /metrics past the fetch timeout
+#: on a loaded 2-core machine, seen in the live tests) is not a hang.
+DOWN_AFTER_FAILED_ROUNDS = 2
 #: Round spacing varies by up to this fraction, so backends do not scrape in step.
 JITTER = 0.1
 
@@ -326,12 +330,14 @@ class Scraper(Service):
             if b.failing is not None:
                 log.info("backend {url} answers again", url=b.url)
             b.failing = None
+            b.failed_rounds = 0
             b.ejected = False
         except (BackendUnreachable, DetectionFailed) as e:
             if b.failing is None:
                 log.warn("backend {url} unreachable: {why}", url=b.url, why=str(e))
             b.failing = str(e)
-            if isinstance(e, BackendUnreachable):
+            b.failed_rounds += 1
+            if b.failed_rounds >= DOWN_AFTER_FAILED_ROUNDS:
                 state.down(b, str(e))
         finally:
             b.rounds += 1

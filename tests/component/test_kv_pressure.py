@@ -13,7 +13,7 @@ import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 
-from tests.component.fleet import Fleet, eventually, start_fleet
+from tests.component.fleet import Fleet, eventually, start_fleet, within
 
 #: Eight system prompts of 2,000 characters (~500 tokens); each pool holds ~2,400 tokens.
 SYSTEMS = [" ".join(f"rule{n}-{i} keep the light burning" for i in range(60))[:2000]
@@ -85,3 +85,27 @@ async def test_full_kv_usage_keeps_prefix_affinity() -> None:
     assert sum("kv pressure waived" in r for r in reasons) > len(reasons) / 2
 
 
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_64_sequence_vllm_gets_its_slots_learned() -> None:
+    """A simulated vLLM with --max-num-seqs 64 and no capacity in config: under saturating
+    load Pharos learns at least 48 slots (it starts from 2), and explain names the source."""
+    fleet = await start_fleet([("vllm", {"slots": 64, "decode_s": 0.05,
+                                         "max_output_tokens": 100}, {"kind": "vllm"})])
+    double = fleet.doubles[0]
+    (target,) = fleet.pharos.state.targets
+    try:
+        replies = [ensureDeferred(fleet.chat("tiny", max_tokens=100)) for _ in range(150)]
+        await eventually(lambda: (target.learned_capacity or 0) >= 48, timeout=60)
+        await eventually(lambda: double.running >= 48, timeout=30)
+        r = await fleet.post("/admin/explain/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+        (cand,) = json.loads(await r.content())["candidates"]
+        assert cand["capacity_source"] == "learned" and cand["capacity"] >= 48
+        for d in replies:
+            r = await within(d, 60)
+            await r.content()
+            assert r.code == 200
+    finally:
+        await fleet.stop()

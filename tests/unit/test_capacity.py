@@ -1,0 +1,117 @@
+"""Layer 1: capacity learned from what an engine reports (issue 10 item 3), on a Clock with a
+scripted vLLM (which exports no max-num-seqs): probing upward while Pharos has waiters and
+the engine no queue, Running taken as the capacity when the engine queues, never below what it
+was seen running, hostile counts ignored, config and engine-reported capacity winning."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from pharos.config import Backend as BackendSpec
+from pharos.sched import CAPACITY_CONFIG, CAPACITY_DEFAULT, CAPACITY_LEARNED, Lease, Scheduler
+from pharos.state.registry import BackendState, Target
+from tests.unit.test_plan import FakeBackend
+from tests.unit.test_sched import fleet, req
+
+URL = "http://v"
+
+
+def vllm() -> FakeBackend:
+    return FakeBackend({
+        "/version": (200, b'{"version":"0.32.0"}'),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"m"}]}'),
+        "/metrics": (200, b""),
+    })
+
+
+def report(engine: FakeBackend, running: object, waiting: object = 0) -> None:
+    engine.answers["/metrics"] = (200, (
+        f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.1\n').encode())
+
+
+def rig(capacity: int | None = None) -> tuple[Scheduler, Clock, FakeBackend, Target]:
+    engine = vllm()
+    report(engine, 0)
+    sched, state, clock = fleet({URL: (engine, BackendSpec(url=URL, kind="vllm",
+                                                           capacity=capacity))})
+
+    def round_done(backend: BackendState) -> None:
+        sched.learn_capacity(backend)
+        sched.kick()
+
+    state.on_round = round_done
+    (target,) = state.targets
+    return sched, clock, engine, target
+
+
+def hold(sched: Scheduler, n: int) -> list[Deferred[Lease]]:
+    return [sched.acquire("k", 1, req()) for _ in range(n)]
+
+
+def test_probes_up_one_slot_a_round_while_pharos_waits_and_the_engine_does_not() -> None:
+    """Starting from the 2-slot fallback, every round in which the engine runs all Pharos sent
+    with no queue of its own while requests wait in Pharos adds one slot."""
+    sched, clock, engine, t = rig()
+    assert sched.capacity_of(t) == (None, CAPACITY_DEFAULT)
+    waiters = hold(sched, 20)
+    for _ in range(10):
+        report(engine, t.inflight)
+        clock.pump([1.0])
+    assert t.learned_capacity is not None and t.learned_capacity >= 10
+    assert sched.capacity_of(t) == (t.learned_capacity, CAPACITY_LEARNED)
+    assert sum(d.called for d in waiters) == t.inflight
+
+
+def test_an_engine_queue_sets_the_capacity_to_its_running_count() -> None:
+    """When the engine reports waiting > 0, its Running is the capacity (a probe that went one
+    too far comes back), and it stays when the engine goes quiet."""
+    sched, clock, engine, t = rig()
+    hold(sched, 20)
+    for _ in range(8):
+        report(engine, min(t.inflight, 6), max(0, t.inflight - 6))
+        clock.pump([1.0])
+    assert t.learned_capacity == 6 and t.capacity_seen_queue
+    report(engine, 0, 0)
+    clock.pump([1.0] * 5)
+    assert t.learned_capacity == 6
+
+
+def test_never_below_what_it_was_seen_running() -> None:
+    """An engine seen running 9 at once (clients bypassing Pharos) has at least 9 slots, even
+    if it later queues at 5 running."""
+    sched, clock, engine, t = rig()
+    report(engine, 9)
+    clock.pump([1.0])
+    assert t.learned_capacity == 9
+    report(engine, 5, 3)
+    clock.pump([1.0])
+    assert t.learned_capacity == 9
+
+
+def test_hostile_or_flapping_counts_learn_nothing() -> None:
+    """A Running count no engine could have, a negative one or one that vanishes leaves the
+    learned capacity as it was."""
+    sched, clock, engine, t = rig()
+    report(engine, 7)
+    clock.pump([1.0])
+    for bad in (1e9, -3, "NaN"):
+        report(engine, bad)
+        clock.pump([1.0])
+        assert t.learned_capacity == 7, bad
+    engine.answers["/metrics"] = (200, b"")  # the metrics page lost its series
+    clock.pump([1.0] * 3)
+    assert t.learned_capacity == 7
+
+
+def test_config_capacity_wins_and_nothing_is_learned() -> None:
+    """capacity: in config is an override: used as is, never learned over."""
+    sched, clock, engine, t = rig(capacity=3)
+    hold(sched, 10)
+    for _ in range(5):
+        report(engine, t.inflight)
+        clock.pump([1.0])
+    assert t.inflight == 3 and t.learned_capacity is None
+    assert sched.capacity_of(t) == (3, CAPACITY_CONFIG)
