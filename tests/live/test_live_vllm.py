@@ -150,4 +150,3 @@ async def test_client_gone_mid_stream_through_pharos_stops_vllm(
     stream's tokens would end), with no lease left in Pharos."""
     wait_idle(vllm)
     await client_leaves_mid_stream(vllm, "vllm", SLOW, "vllm:num_requests_running")
-
