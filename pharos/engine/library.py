@@ -314,6 +314,14 @@ sglang_running = prom(
 sglang_waiting = prom(
     "sglang-waiting", "/metrics", Signal.WAITING, "sglang:num_queue_reqs", **_SGLANG_RANKS
 )
+#: The KV pool's use, 0..1: (total - available - evictable) / total, the largest of the
+#: full/SWA/Mamba pools, rounded to 2 places (so a cached but evictable prefix does not count,
+#: as with vLLM's). One pool per data-parallel rank, equal in size: averaged over DP ranks
+#: (sglang 0.5.23 pool_stats_observer.py, metrics_collector.py; fixtures' meta.yaml).
+sglang_kv_usage = prom(
+    "sglang-kv-usage", "/metrics", Signal.KV_USAGE, "sglang:token_usage", average=True,
+    **_SGLANG_RANKS
+)
 
 
 # --- recipes ---------------------------------------------------------------------------------
@@ -338,7 +346,8 @@ RECIPES: dict[str, tuple[Probe, ...]] = {
         ollama_log_num_parallel,
     ),
     LLAMASWAP: (llamaswap_version, openai_models, llamaswap_running),
-    SGLANG: (sglang_version, openai_models, sglang_capacity, sglang_running, sglang_waiting),
+    SGLANG: (sglang_version, openai_models, sglang_capacity, sglang_running, sglang_waiting,
+             sglang_kv_usage),
     OPENAI: (openai_models,),
 }
 

@@ -119,6 +119,7 @@ def prom(
     scale: Literal["ratio", "percent"] = "ratio",
     sum_labels: tuple[str, ...] = (),
     replica_labels: tuple[str, ...] = (),
+    average: bool = False,
     when: Callable[[str], bool] | None = None,
     guard: str = "",
     own: bool = False,
@@ -128,8 +129,9 @@ def prom(
     ``per_model`` names the label that splits the metric per model; without it the value is the
     whole backend's. Series that differ only in ``sum_labels`` are added (data-parallel ranks
     serve different requests); series that differ only in ``replica_labels`` are copies of one
-    state (tensor-parallel ranks see the same batch) and must agree. Any other second series
-    for one model is an error. NaN is unknown.
+    state (tensor-parallel ranks see the same batch) and must agree. ``average``: the
+    ``sum_labels`` ranks are averaged instead (a usage ratio of equal pools, one per
+    data-parallel rank). Any other second series for one model is an error. NaN is unknown.
     """
     if signal not in LOAD_SIGNALS:
         raise ValueError(f"{name}: a Prometheus probe reads load signals only, not {signal.value}")
@@ -154,7 +156,7 @@ def prom(
         for (model, _), series in groups.items():
             if model in values:
                 raise ProbeError(f"{metric}: two series for model {model or '(backend)'!r}")
-            v = _fold(metric, series, sum_labels, replica_labels)
+            v = _fold(metric, series, sum_labels, replica_labels, average)
             if v is None:
                 continue
             if scale == "percent":
@@ -173,9 +175,11 @@ def _fold(
     series: list[Sample],
     sum_labels: tuple[str, ...],
     replica_labels: tuple[str, ...],
+    average: bool = False,
 ) -> float | None:
-    """One value from the series of one model: ranks in ``sum_labels`` add up; of the
-    replicas (``replica_labels``) the lowest rank speaks for all (SGLang: tp_rank 0)."""
+    """One value from the series of one model: ranks in ``sum_labels`` add up (or are
+    averaged); of the replicas (``replica_labels``) the lowest rank speaks for all (SGLang:
+    tp_rank 0)."""
     if len(series) > 1 and not sum_labels and not replica_labels:
         raise ProbeError(f"{metric}: two series for one model")
     by_sum: dict[tuple[str, ...], list[Sample]] = {}
@@ -190,7 +194,7 @@ def _fold(
         if math.isnan(value):
             return None  # one rank unknown: the sum is unknown
         total += value
-    return total
+    return total / len(by_sum) if average else total
 
 
 def _rank(label: str) -> tuple[int, str]:

@@ -91,7 +91,9 @@ Notes:
 - llama.cpp started without `--metrics` answers `/metrics` with 501; Running then comes from
   `/slots` and Waiting is unknown.
 - SGLang sums Running and Waiting over data-parallel ranks and reads tensor-parallel rank 0;
-  its capacity is the sum of each DP rank's effective cap. `sglang:token_usage` is not read.
+  its capacity is the sum of each DP rank's effective cap. KV usage is `sglang:token_usage`
+  (the pool's use without evictable cached prefixes, as vLLM counts it), averaged over DP
+  ranks (one equal pool each).
 - Ollama reports no running or waiting requests and no KV usage; its capacity comes from the
   `OLLAMA_NUM_PARALLEL` of its last `server config` log line, when Pharos has its log.
 - Ollama 0.33.3's `prompt_eval_cached_count` is reply usage, not a scraped signal; see

@@ -65,6 +65,7 @@ EXPECTED: dict[str, dict[str, object]] = {
         "sglang-capacity": {"": 4096},
         "sglang-running": {"Qwen/Qwen2.5-7B-Instruct": 0},
         "sglang-waiting": {"Qwen/Qwen2.5-7B-Instruct": 0},
+        "sglang-kv-usage": {"Qwen/Qwen2.5-7B-Instruct": 0.0},
     },
     # 2 DP ranks x 2 TP ranks: tp_rank 0 speaks for its replica, DP ranks add up.
     "sglang//busy": {
@@ -72,6 +73,8 @@ EXPECTED: dict[str, dict[str, object]] = {
         "sglang-capacity": {"": 7408},
         "sglang-running": {"meta-llama/Llama-3.1-8B-Instruct": 47},
         "sglang-waiting": {"meta-llama/Llama-3.1-8B-Instruct": 10},
+        # the KV pool's use: one pool per DP rank (0.31 and 0.29), averaged
+        "sglang-kv-usage": {"meta-llama/Llama-3.1-8B-Instruct": pytest.approx(0.30)},
     },
     "llamacpp/": {
         "openai-models": ["tiny"],

@@ -221,3 +221,17 @@ def test_merge_reads_only_each_probes_own_signal() -> None:
     merged = merge([("b", Signal.RUNNING, b)])
     assert merged.version is None
     assert merged.load == {"m": Load(running=2)}
+
+
+def test_average_folds_data_parallel_ratios_into_their_mean() -> None:
+    """A usage ratio reported per data-parallel rank (one equal pool each) is their mean, not
+    their sum; tensor-parallel replicas still read rank 0; a NaN rank makes it unknown."""
+    probe = prom("p", "/metrics", Signal.KV_USAGE, "sglang:token_usage", per_model="model_name",
+                 sum_labels=("dp_rank",), replica_labels=("tp_rank",), average=True)
+    body = b"".join(
+        b'sglang:token_usage{dp_rank="%d",model_name="m",tp_rank="%d"} %s\n' % (dp, tp, v)
+        for dp, tp, v in [(0, 0, b"0.9"), (0, 1, b"0.9"), (1, 0, b"0.5"), (1, 1, b"0.1")])
+    snap = probe.parse(body)
+    assert snap.load_for("m").kv_usage == pytest.approx(0.7)
+    nan = body.replace(b"} 0.5", b"} NaN")
+    assert probe.parse(nan).load_for("m").kv_usage is None
