@@ -226,7 +226,9 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "capacity": None, "aliases": {}}]
     from pharos.config import load_config
 
-    cfg = load_config(args.config)
+    # doctor reads a backend's logs: feed itself (its log probes), which the service does not
+    # yet, so it takes the sections the service refuses.
+    cfg = load_config(args.config, refuse_unbuilt=False)
     return [
         {
             "url": b.url,

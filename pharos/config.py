@@ -68,6 +68,20 @@ DEFAULT_QUEUE_STUCK: Final = 300.0
 #: including any added later, is reported as needing a restart, which is the safe side.
 LIVE_FIELDS: Final = frozenset({"backends", "keys"})
 
+#: Sections parsed (so their errors are reported) but refused until their feature exists.
+NOT_YET: Final = {
+    "keys": "API keys and quotas come with the keys/usage issue; without keys every client "
+            "is let in",
+    "usage": "usage accounting comes with the keys/usage issue",
+    "state_file": "the state file comes with the availability issue",
+    "drain": "graceful drain comes with the availability issue",
+    "peers": "the peer mesh comes with the availability issue",
+}
+#: A backend's fields refused likewise.
+BACKEND_NOT_YET: Final = {
+    "logs": "log-file and Docker log probes come with the log-feeds issue",
+}
+
 #: Residency values a log line can report; ``unknown`` is what no line says.
 _FIXED_RESIDENCIES: Final = (Residency.LOADED, Residency.LOADING, Residency.COLD)
 #: Twisted's own server endpoint types, so ``tcp:8090`` is not read as host ``tcp``, port 8090.
@@ -299,19 +313,23 @@ class Config:
     timeouts: Timeouts = Timeouts()
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, *, refuse_unbuilt: bool = True) -> Config:
     """Read and parse a config file; an unreadable file is a ``ConfigError`` too, so callers
     (startup, hot reload) handle one exception."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read: {e}"]) from e
-    return parse_config(text)
+    return parse_config(text, refuse_unbuilt=refuse_unbuilt)
 
 
-def parse_config(text: str, *, library_names: frozenset[str] | None = None) -> Config:
+def parse_config(text: str, *, library_names: frozenset[str] | None = None,
+                 refuse_unbuilt: bool = False) -> Config:
     """Parse config YAML. ``library_names`` are the probe names own probes may not reuse; ``None``
-    takes the probe library's (imported only when a backend has own probes)."""
+    takes the probe library's (imported only when a backend has own probes).
+    ``refuse_unbuilt``: also refuse the sections whose feature is not built yet (``NOT_YET``):
+    what ``load_config`` does for ``pharos check`` and start-up; without it they are parsed
+    and checked only."""
     loader = _Loader(text)
     try:
         raw = loader.get_single_data()
@@ -324,6 +342,7 @@ def parse_config(text: str, *, library_names: frozenset[str] | None = None) -> C
     finally:
         loader.dispose()
     parser = _Parser(library_names)
+    parser.refuse_unbuilt = refuse_unbuilt
     parser.errors.extend(loader.duplicates)
     config = parser.config(raw)
     if parser.errors:
@@ -418,6 +437,7 @@ class _Parser:
     def __init__(self, library_names: frozenset[str] | None) -> None:
         self.errors: list[str] = []
         self._library_names = library_names
+        self.refuse_unbuilt = False
 
     def library_names(self) -> frozenset[str]:
         """The probe library's names, imported on first need, so a config without own probes
@@ -505,6 +525,16 @@ class _Parser:
         self.expected(path, _LISTEN_FORMS, raw)
         return Listen(default)
 
+    def not_yet(self, m: Mapping[str, object], path: str, fields: Mapping[str, str]) -> None:
+        """Refuse fields whose feature is not built yet: accepted and ignored would be worse
+        (a ``keys:`` section that lets everyone in). Each refusal goes with the change that
+        builds its feature."""
+        if not self.refuse_unbuilt:
+            return
+        for name, what in fields.items():
+            if m.get(name) is not None:
+                self.error(_at(path, name), f"not supported yet ({what}); remove it")
+
     def config(self, raw: object) -> Config:
         if raw is None:
             return Config()
@@ -516,6 +546,7 @@ class _Parser:
         )
         if m is None:
             return Config()
+        self.not_yet(m, "", NOT_YET)
         listen = self.listen(m.get("listen"), "listen", DEFAULT_LISTEN)
         policy = DEFAULT_POLICY
         if m.get("policy") is not None:
@@ -596,14 +627,19 @@ class _Parser:
                               value)
 
         number("bounded_load_epsilon", 0.0, None, True)
-        number("kv_pressure_threshold", 0.0, 1.0, False)
+        number("kv_pressure_threshold", 0.0, 1.0, True)
+        if "kv_pressure_threshold" in out and out["kv_pressure_threshold"] is None:
+            out["kv_pressure_threshold"] = 1.0  # null: off, which 1.0 means to the policy
         number("hot_prefix_utilization", 0.01, 1.0, True)
         if "session_affinity" in m:
-            if isinstance(m["session_affinity"], bool):
+            if m["session_affinity"] is None:
+                out["session_affinity"] = False  # null: off, like every guard
+            elif isinstance(m["session_affinity"], bool):
                 out["session_affinity"] = m["session_affinity"]
             else:
-                self.expected("routing.session_affinity", "true or false", m["session_affinity"])
-        if "prefix_entries" in m:
+                self.expected("routing.session_affinity", "true, false or null (off)",
+                              m["session_affinity"])
+        if m.get("prefix_entries") is not None:  # not a guard: null is the default
             entries = self.integer(m["prefix_entries"], "routing.prefix_entries")
             out["prefix_entries"] = entries if entries is not None else base.prefix_entries
         return dataclasses.replace(base, **out)  # type: ignore[arg-type]
@@ -626,6 +662,7 @@ class _Parser:
         m = self.mapping(raw, path, known, required=("url",))
         if m is None:
             return None
+        self.not_yet(m, path, BACKEND_NOT_YET)
         url = self.url(m["url"], _at(path, "url")) if "url" in m else None
         kind = DEFAULT_KIND
         if m.get("kind") is not None:

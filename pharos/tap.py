@@ -45,7 +45,10 @@ class Options(usage.Options):
         """Load and validate the config now, so twistd refuses to start on a bad file."""
         path = self["config"]
         if self["demo"]:
-            self["parsed"] = load_config(path) if path else None
+            try:
+                self["parsed"] = load_config(path) if path else None
+            except ConfigError as e:
+                raise usage.UsageError(f"{path}: invalid config\n{e}") from None
             return
         if not path:
             raise usage.UsageError("-c/--config FILE is required (or --demo)")

@@ -44,7 +44,13 @@ OLLAMA_BANNER = b"Ollama is running"
 #: The one key every client is while no keys are configured.
 ANONYMOUS = "anonymous"
 #: Ollama model-management routes Pharos does not serve.
-OLLAMA_UNSERVED = ("pull", "push", "delete", "create", "copy", "blobs")
+OLLAMA_UNSERVED = frozenset({"pull", "push", "delete", "create", "copy", "blobs"})
+#: Ollama routes Pharos serves, with their methods (for the 405 of a wrong one).
+OLLAMA_METHODS: dict[str, tuple[str, ...]] = {
+    "chat": ("POST",), "generate": ("POST",), "embed": ("POST",), "embeddings": ("POST",),
+    "show": ("POST",), "tags": ("GET", "HEAD"), "ps": ("GET", "HEAD"),
+    "version": ("GET", "HEAD"),
+}
 JSON = b"application/json"
 
 
@@ -222,10 +228,19 @@ class PublicAPI:
 
     @app.route("/api/<string:name>", methods=["GET", "POST", "DELETE", "HEAD", "PUT"])
     def ollama_unserved(self, request: Request, name: str) -> bytes:
-        """Model management is the engines' business: 501 in Ollama's shape, which the ollama
-        CLI prints."""
-        raise ApiError(501, f"Pharos routes requests and does not manage models: "
-                            f"/api/{errors.echo(name)} is not supported")
+        """The rest of /api/: model management is the engines' business (501, which the ollama
+        CLI prints); a served route with the wrong method is 405 naming the allowed ones; any
+        other name is 404, all in Ollama's shape."""
+        if name in OLLAMA_UNSERVED:
+            raise ApiError(501, f"Pharos routes requests and does not manage models: "
+                                f"/api/{name} is not supported")
+        allowed = OLLAMA_METHODS.get(name)
+        if allowed is not None:
+            request.setHeader(b"allow", ", ".join(allowed).encode())
+            method = errors.echo(request.method.decode("latin-1"))
+            raise ApiError(405, f"method {method} not allowed on /api/{name}",
+                           code="method_not_allowed")
+        raise ApiError(404, f"no route /api/{errors.echo(name)}", code="not_found")
 
     @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD"])
     def ollama_blobs(self, request: Request, rest: str) -> bytes:

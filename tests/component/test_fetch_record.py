@@ -74,7 +74,8 @@ async def test_slow_page_is_a_fetch_error(served: Served) -> None:
     plan, _ = await resolve(served.fetcher, "sglang")
     served.resource.delays["/metrics"] = 3.0  # past the 2 s timeout of this fetcher
     snap, failures = await plan.scrape(served.fetcher, full=False)
-    assert {f.probe.name for f in failures} == {"sglang-running", "sglang-waiting"}
+    assert {f.probe.name for f in failures} == {"sglang-running", "sglang-waiting",
+                                                "sglang-kv-usage"}
     assert all("no answer within" in f.reason for f in failures), failures
     assert snap.load == {}
 

@@ -291,6 +291,13 @@ async def test_ollama_routes_and_aggregates() -> None:
         r = await fleet.post("/api/pull", {"model": LLAMA})
         assert r.code == 501
         assert "error" in json.loads(await r.content())
+        # a served route with the wrong method is 405, an unknown one 404, in Ollama's shape
+        r = await treq.get(fleet.url + "/api/chat", pool=fleet.pool)
+        assert r.code == 405 and r.headers.getRawHeaders(b"allow") == [b"POST"]
+        assert isinstance(json.loads(await r.content())["error"], str)
+        r = await treq.get(fleet.url + "/api/nothing", pool=fleet.pool)
+        assert r.code == 404
+        assert isinstance(json.loads(await r.content())["error"], str)
     finally:
         await fleet.stop()
 

@@ -122,6 +122,20 @@ def test_bad_config_never_starts(tmp_path: Path) -> None:
     assert "backends[0]: missing required field 'url'" in out
 
 
+def test_demo_with_a_bad_config_prints_its_errors(tmp_path: Path) -> None:
+    """``twistd pharos --demo -c bad.yaml`` lists the config's errors (an unbuilt section
+    among them) and exits non-zero, with no traceback."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("policy: fastest\nkeys: [{name: a, sha256: '" + "0" * 64 + "'}]\n")
+    r = subprocess.run([TWISTD, "-n", "--pidfile=", "pharos", "--demo", "-c", str(cfg)],
+                       capture_output=True, timeout=30, cwd=tmp_path)
+    out = (r.stdout + r.stderr).decode()
+    assert r.returncode != 0
+    assert "policy: expected one of cost, least-load, got 'fastest'" in out
+    assert "keys: not supported yet" in out
+    assert "Traceback" not in out
+
+
 def test_pharos_check_exit_codes(tmp_path: Path) -> None:
     """pharos check exits 0 on a valid file and 1 on an invalid one, naming the error."""
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
