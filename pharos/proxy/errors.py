@@ -18,12 +18,30 @@ class ApiError(Exception):
         self.type = type
         self.code = code
 
-    def body(self, ollama: bool) -> bytes:
-        """The error body in the API shape of the route."""
+    def body(self, ollama: bool, anthropic: bool = False) -> bytes:
+        """The error body in the API shape of the route (Anthropic's for ``/v1/messages``,
+        which Claude Code reads: ``{"type": "error", "error": {"type", "message"}}``)."""
         if ollama:
             return json.dumps({"error": self.message}).encode()
+        if anthropic:
+            kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
+                                       else "invalid_request_error")
+            return json.dumps({"type": "error",
+                               "error": {"type": kind, "message": self.message}}).encode()
         return json.dumps({"error": {"message": self.message, "type": self.type,
                                      "param": None, "code": self.code}}).encode()
+
+
+#: Anthropic's error types by status (its API reference, "Errors").
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+                   529: "overloaded_error"}
+
+
+def is_anthropic_path(path: bytes) -> bool:
+    """Anthropic's Messages route answers in Anthropic's error shape."""
+    return path.split(b"?", 1)[0] == b"/v1/messages"
 
 
 def is_ollama_path(path: bytes) -> bool:

@@ -144,7 +144,8 @@ class PublicAPI:
     def _error(self, request: Request, e: ApiError) -> bytes:
         request.setResponseCode(e.status)
         request.setHeader(b"content-type", JSON)
-        body = e.body(ollama=errors.is_ollama_path(request.path))
+        body = e.body(ollama=errors.is_ollama_path(request.path),
+                      anthropic=errors.is_anthropic_path(request.path))
         request.setHeader(b"content-length", b"%d" % len(body))
         return body
 

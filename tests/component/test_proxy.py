@@ -305,18 +305,25 @@ async def test_ollama_routes_and_aggregates() -> None:
 @pytest_twisted.ensureDeferred
 async def test_agent_route_an_engine_lacks_is_400_route_not_served() -> None:
     """/v1/messages on an engine that answers 404 is retried elsewhere; with nowhere else to
-    go the client gets 400 route_not_served naming the backend (coding agents read any 404 as
-    a bad model)."""
+    go the client gets a 400 naming the backend (coding agents read any 404 as a bad model),
+    in Anthropic's error shape, as is an unknown model there; /v1/responses keeps OpenAI's."""
     fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
     try:
         r = await fleet.post("/v1/messages", {"model": "tiny", "max_tokens": 4,
                                               "messages": [{"role": "user", "content": "x"}]})
         body = json.loads(await r.content())
+        r404 = await fleet.post("/v1/messages", {"model": "nope", "max_tokens": 4,
+                                                 "messages": []})
+        unknown = json.loads(await r404.content())
+        r2 = await fleet.post("/v1/responses", {"model": "tiny", "input": "x"})
+        responses = json.loads(await r2.content())
     finally:
         await fleet.stop()
     assert r.code == 400
-    assert body["error"]["code"] == "route_not_served"
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert fleet.doubles[0].url in body["error"]["message"]
+    assert r404.code == 404 and unknown["error"]["type"] == "not_found_error"
+    assert r2.code == 400 and responses["error"]["code"] == "route_not_served"
 
 
 class StaleOnce:
