@@ -16,6 +16,7 @@ are no retries; an engine that dies or stalls (``timeouts.stream_idle``) cuts th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -314,6 +315,9 @@ class Exchange:
                              url=target.backend.url, code=response.code, msg=_message(body))
                 elsewhere += 1
                 continue
+            if path == "/v1/messages" and response.code >= 400:
+                await self._anthropic_error(response, lease)
+                return
             try:
                 await self._relay_reply(response, lease, sent_at)
                 return
@@ -343,6 +347,28 @@ class Exchange:
             raise errors.upstream(f"no first byte from any backend: {failure}", status=504)
         self.outcome = self.outcome or CONNECT_FAILED
         raise errors.upstream(f"no backend answered: {failure}")
+
+    async def _anthropic_error(self, response: IResponse, lease: Lease) -> None:
+        """An engine's error on /v1/messages, in Anthropic's shape whatever the engine's (an
+        OpenAI-compatible server answers OpenAI's or FastAPI's ``detail``; Claude Code reads
+        only Anthropic's)."""
+        body = await self._wait(collect(response, 1024 * 1024))
+        self._answered = True
+        self._cancel_timer()
+        self.sample = Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
+                             duration_sec=None)
+        self.outcome = ERROR_STATUS
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):
+            doc = None
+        if not (isinstance(doc, dict) and doc.get("type") == "error"):
+            body = ApiError(response.code, _message(body)).body(ollama=False, anthropic=True)
+        request = self.request
+        self.start_reply(request, response, lease.target, lease.decision.reason, lease)
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-length", b"%d" % len(body))
+        request.write(body)
 
     async def _relay_reply(self, response: IResponse, lease: Lease, sent_at: float) -> None:
         """Stream the reply back; the headers go out with its first byte (until then the
@@ -421,12 +447,12 @@ def _describe(e: Exception) -> str:
 
 
 def _message(body: bytes) -> str:
-    """An engine's error message, cut to 200 bytes, for the log (it often names a flag)."""
-    import json
-
+    """An engine's error message (OpenAI's ``error.message``, Ollama's ``error``, FastAPI's
+    ``detail``), cut to 200 bytes (the log's, and a reshaped error's; it often names a
+    flag)."""
     try:
         doc = json.loads(body)
-        err = doc.get("error") if isinstance(doc, dict) else None
+        err = doc.get("error", doc.get("detail")) if isinstance(doc, dict) else None
         msg = err.get("message") if isinstance(err, dict) else err
         text = str(msg if msg is not None else body[:200])
     except (ValueError, RecursionError):

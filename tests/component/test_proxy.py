@@ -400,3 +400,35 @@ def _raw_post(url: str, body: bytes) -> bytes:
             out += chunk
     return out
 
+
+
+class MessagesErrorVllm(CaptureResource):
+    """Status paths like vLLM's idle capture; /v1/messages answers 400 in OpenAI's shape."""
+
+    def render_POST(self, request: Request) -> bytes:
+        request.setResponseCode(400)
+        request.setHeader(b"content-type", b"application/json")
+        return (b'{"error":{"message":"max_tokens 99999 is too large (--max-model-len)",'
+                b'"type":"BadRequestError","param":null,"code":400}}')
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_engines_error_on_messages_reaches_the_client_in_anthropics_shape() -> None:
+    """An OpenAI-shaped 400 from the engine on /v1/messages is reshaped to Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` with the engine's message, not
+    retried; the status is the engine's."""
+    capture = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
+    engine = MessagesErrorVllm(capture, reactor)
+    port, url = serve(engine)
+    fleet = await start_fleet([], extra=[url])
+    try:
+        r = await fleet.post("/v1/messages", {"model": "tiny", "max_tokens": 99999,
+                                              "messages": [{"role": "user", "content": "x"}]})
+        body = json.loads(await r.content())
+    finally:
+        await fleet.stop()
+        await close(port)
+    assert r.code == 400
+    assert body == {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": "max_tokens 99999 is too large (--max-model-len)"}}
