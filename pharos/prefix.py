@@ -182,28 +182,41 @@ def _head(kind: bytes, model: str, tools: bytes) -> bytes:
 
 
 def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
+    """Each link hashes the previous link's digest and the message's role, content and other
+    fields, each length-prefixed. Fed to one SHA-256 piece by piece, so a long content is
+    encoded once and never copied (the same bytes, and digests, as hashing their
+    concatenation)."""
     tools_bytes = _canonical(tools) if tools else b""
     prev = _head(b"chat", model, tools_bytes)
     total = len(tools_bytes)
     keys: list[int] = []
     ends: list[int] = []
+    sha256 = hashlib.sha256
     for message in messages:
+        extra_bytes = b""
         if isinstance(message, dict):
             role = message.get("role", "")
             content = message.get("content")
-            extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+            others = len(message) - ("role" in message) - ("content" in message)
+            if others:
+                extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+                extra_bytes = _canonical(extra)
         else:
-            role, content, extra = "", message, {}
+            role, content = "", message
         role_bytes = _utf8(role) if isinstance(role, str) else _canonical(role)
+        h = sha256(prev)
+        h.update(_field(role_bytes))
         if isinstance(content, str):
-            content_bytes = b"s" + _utf8(content)
+            text = _utf8(content)
+            h.update((len(text) + 1).to_bytes(_LEN, "big"))
+            h.update(b"s")
+            h.update(text)
+            total += len(text)
         else:
-            content_bytes = b"j" + _canonical(content)
-        extra_bytes = _canonical(extra) if extra else b""
-        prev = hashlib.sha256(
-            prev + _field(role_bytes) + _field(content_bytes) + _field(extra_bytes)
-        ).digest()
-        total += _text_len(content)
+            h.update(_field(b"j" + _canonical(content)))
+            total += _text_len(content)
+        h.update(_field(extra_bytes))
+        prev = h.digest()
         keys.append(_key(prev))
         ends.append(total)
     return Chain(tuple(keys), tuple(ends))

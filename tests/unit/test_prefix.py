@@ -486,3 +486,54 @@ def test_escaping_never_changes_the_chain(pairs: list[tuple[str, str]], cut: int
     head = chain("m", messages[:cut], None, None)
     assert full.keys[: len(head)] == head.keys
     assert full.ends[: len(head)] == head.ends
+
+
+def _reference_chat_chain(model: str, messages: list[object], tools: object) -> Chain:
+    """The chain as first written (each link the SHA-256 of the concatenated fields): the
+    streaming version must give the same keys, or every recorded prefix would be lost."""
+    import hashlib
+
+    from pharos.prefix import _canonical, _field, _head, _key, _text_len, _utf8
+
+    tools_bytes = _canonical(tools) if tools else b""
+    prev = _head(b"chat", model, tools_bytes)
+    total = len(tools_bytes)
+    keys: list[int] = []
+    ends: list[int] = []
+    for message in messages:
+        if isinstance(message, dict):
+            role = message.get("role", "")
+            content = message.get("content")
+            extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        else:
+            role, content, extra = "", message, {}
+        role_bytes = _utf8(role) if isinstance(role, str) else _canonical(role)
+        content_bytes = (b"s" + _utf8(content) if isinstance(content, str)
+                         else b"j" + _canonical(content))
+        extra_bytes = _canonical(extra) if extra else b""
+        prev = hashlib.sha256(
+            prev + _field(role_bytes) + _field(content_bytes) + _field(extra_bytes)).digest()
+        total += _text_len(content)
+        keys.append(_key(prev))
+        ends.append(total)
+    return Chain(tuple(keys), tuple(ends))
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": _TEXT, "content": _TEXT}),
+    st.fixed_dictionaries({"role": _TEXT, "content": st.lists(
+        st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=3)}),
+    st.fixed_dictionaries({"role": _TEXT, "content": st.none(), "name": _TEXT}),
+    st.dictionaries(st.sampled_from(["role", "content", "tool_call_id"]), _TEXT, max_size=3),
+    _TEXT,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_MESSAGE, max_size=6), st.none() | st.lists(_TEXT, max_size=2))
+def test_streamed_chain_hashing_keeps_every_key(messages: list[object], tools: object) -> None:
+    """Hashing each link piece by piece gives the keys and ends of the concatenated form."""
+    from pharos.prefix import _chat_chain
+
+    assert _chat_chain("m", messages, tools) == _reference_chat_chain("m", messages, tools)
