@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", required=True, help="the config file")
     check.set_defaults(func=cmd_check)
 
+    schema = sub.add_parser("config-schema",
+                            help="print the config file's JSON Schema (for editors)")
+    schema.set_defaults(func=cmd_config_schema)
+
     doctor = sub.add_parser(
         "doctor", help="show what Pharos reads from each backend (and record captures)"
     )
@@ -109,6 +113,16 @@ def cmd_sim_engine(args: argparse.Namespace) -> int:
     from pharos.sim.cli import main_sim_engine
 
     return main_sim_engine(args.rest, reactor)
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    """``pharos config-schema``: the JSON Schema of ``pharos.yaml`` on stdout."""
+    import json
+
+    from pharos.config_schema import schema
+
+    print(json.dumps(schema(), indent=1, ensure_ascii=False))
+    return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:

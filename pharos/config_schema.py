@@ -1,0 +1,110 @@
+"""The config file's JSON Schema (``pharos config-schema``), so editors complete and check
+``pharos.yaml`` (yaml-language-server reads a JSON Schema).
+
+The parser in ``pharos.config`` stays the authority: it checks what a schema cannot (a URL's
+form, an own probe's rules, duplicate names, durations' grammar in full). A test walks this
+schema against the parser: every property here is a field the parser knows, every object
+here refuses unknown fields as the parser does, and the README's example validates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pharos.config import BACKEND_KINDS, POLICIES, SCALES
+from pharos.engine.signals import LOAD_SIGNALS, LOG_SIGNALS, Signal
+
+_DURATION: dict[str, Any] = {
+    "description": "a duration such as 5s, 10m or 1h30m, or a number of seconds",
+    "anyOf": [{"type": "number", "minimum": 0},
+              {"type": "string", "pattern": r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
+                                            r"(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))*$"}],
+}
+_POSITIVE_INT: dict[str, Any] = {"type": "integer", "minimum": 1}
+_LISTEN: dict[str, Any] = {
+    "description": ":port, host:port, [ipv6]:port or a Twisted endpoint such as "
+                   "tcp:8090:interface=127.0.0.1",
+    "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1, "maximum": 65535}],
+}
+_NULLABLE_NUMBER: dict[str, Any] = {"type": ["number", "null"]}
+
+
+def _object(properties: dict[str, Any], required: tuple[str, ...] = (),
+            description: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": properties,
+                           "additionalProperties": False}
+    if required:
+        out["required"] = list(required)
+    if description:
+        out["description"] = description
+    return out
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of ``pharos.yaml``."""
+    prom = _object({
+        "path": {"type": "string", "pattern": "^/"},
+        "metric": {"type": "string"},
+        "per_model": {"type": "string"},
+        "scale": {"enum": list(SCALES)},
+    }, required=("path", "metric"))
+    log = _object({"match": {"type": "string"}, "value": {}}, required=("match",))
+    probe = _object({
+        "name": {"type": "string", "minLength": 1},
+        "signal": {"enum": sorted(s.value for s in Signal
+                                  if s in LOAD_SIGNALS or s in LOG_SIGNALS)},
+        "prom": prom,
+        "log": log,
+    }, required=("name", "signal"), description="an own probe (spec §4)")
+    backend = _object({
+        "url": {"type": "string", "pattern": "^https?://"},
+        "kind": {"enum": list(BACKEND_KINDS)},
+        "memory_gb": {"type": "number", "exclusiveMinimum": 0},
+        "capacity": _POSITIVE_INT,
+        "aliases": {"type": "object", "additionalProperties": {"type": "string"}},
+        "logs": {"type": "string", "description": "not supported yet: refused at start"},
+        "probes": {"type": "array", "items": probe},
+    }, required=("url",))
+    key = _object({
+        "name": {"type": "string", "minLength": 1},
+        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "rpm": _POSITIVE_INT,
+        "tokens_per_day": _POSITIVE_INT,
+        "weight": _POSITIVE_INT,
+        "models": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "admin": {"type": "boolean"},
+    }, required=("name", "sha256"))
+    unbuilt = "not supported yet: refused at start"
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "pharos.yaml",
+        **_object({
+            "listen": _LISTEN,
+            "policy": {"enum": list(POLICIES)},
+            "backends": {"type": "array", "items": backend},
+            "keys": {"type": "array", "items": key, "description": unbuilt},
+            "state_file": {"type": "string", "minLength": 1, "description": unbuilt},
+            "usage": _object({"timezone": {"type": "string"},
+                              "retention_days": _POSITIVE_INT}, description=unbuilt),
+            "drain": _object({"grace": _DURATION, "timeout": _DURATION}, description=unbuilt),
+            "peers": _object({"listen": _LISTEN, "secret_file": {"type": "string"},
+                              "members": {"type": "array", "items": {"type": "string"}},
+                              "dns": {"type": "string"}},
+                             required=("secret_file",), description=unbuilt),
+            "routing": _object({
+                "bounded_load_epsilon": _NULLABLE_NUMBER,
+                "kv_pressure_threshold": {"type": ["number", "null"], "minimum": 0,
+                                          "maximum": 1},
+                "hot_prefix_utilization": {"type": ["number", "null"], "minimum": 0.01,
+                                           "maximum": 1},
+                "session_affinity": {"type": ["boolean", "null"]},
+                "prefix_entries": {"type": ["integer", "null"], "minimum": 1},
+            }, description="the cost policy's guards; null turns a guard off"),
+            "timeouts": _object({
+                "first_byte": _object({"generate": _DURATION, "embeddings": _DURATION}),
+                "stream_idle": _DURATION,
+                "request_headers": _DURATION,
+                "queue_stuck": _DURATION,
+            }),
+        }),
+    }
