@@ -11,7 +11,6 @@ from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
     doctor,
-    read,
     same_prompt_twice,
     start_streams,
     stop_all,
@@ -37,6 +36,21 @@ def wait_idle(eng: engines.RunningEngine, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def metrics_now(url: str) -> dict[str, int | None]:
+    """Running and Waiting as Pharos's vLLM probes read them from one GET of /metrics: a
+    read of a few milliseconds, inside the window in which the client's own count holds (a
+    whole resolve took long enough for the tiny model's streams to end meanwhile)."""
+    import urllib.request
+
+    from pharos.engine import library as lib
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url + "/metrics", timeout=10) as r:
+        body = r.read()
+    return {"running": lib.vllm_running.parse(body).load_for("tiny").running,
+            "waiting": lib.vllm_waiting.parse(body).load_for("tiny").waiting}
+
+
 def test_detects_vllm_and_reads_idle_signals(vllm: engines.RunningEngine) -> None:
     """Detection finds vLLM; version, model and KV usage are read; idle is 0 running, 0 waiting."""
     wait_idle(vllm)
@@ -56,7 +70,7 @@ def test_running_equals_concurrent_requests(vllm: engines.RunningEngine) -> None
     streams = start_streams(vllm.url, SLOW, 3)
     try:
         wait_started(streams, 3)
-        tiny = read(vllm.url)["signals"]["models"]["tiny"]
+        tiny = metrics_now(vllm.url)
         done_early = sum(s.finished.is_set() for s in streams)
     finally:
         stop_all(streams)
@@ -78,7 +92,7 @@ def test_running_and_waiting_under_overload(vllm: engines.RunningEngine) -> None
             wait_started(streams, engines.VLLM_MAX_NUM_SEQS)
             time.sleep(0.2)  # the gauges follow each engine step (milliseconds)
             before = sum(s.finished.is_set() for s in streams)
-            tiny = read(vllm.url)["signals"]["models"]["tiny"]
+            tiny = metrics_now(vllm.url)
             after = sum(s.finished.is_set() for s in streams)
         finally:
             stop_all(streams)
