@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for each path (default 5)")
     doctor.set_defaults(func=cmd_doctor)
 
-    bench = sub.add_parser("bench", help="benchmarks: pick, overhead, run, compare, report "
+    bench = sub.add_parser("bench", help="benchmarks: pick, overhead, memory, run, compare, report "
                                          "(reported, not asserted)")
     bench.add_argument("what", choices=BENCH)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
@@ -78,11 +78,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: ``pharos bench`` subcommands.
-BENCH = ("pick", "overhead", "run", "compare", "report")
+BENCH = ("pick", "overhead", "memory", "run", "compare", "report")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``pharos bench pick|overhead|run|compare|report ...``."""
+    """``pharos bench pick|overhead|memory|run|compare|report ...``."""
     if args.what in ("run", "compare"):
         from twisted.internet import reactor
 
@@ -101,6 +101,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pharos.sim.bench import main_pick
 
         return main_pick(args.rest)
+    if args.what == "memory":
+        from pharos.bench.memory import main_memory
+
+        return main_memory(args.rest)
     from pharos.sim.overhead import main_overhead
 
     return main_overhead(args.rest)

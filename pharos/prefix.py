@@ -36,11 +36,12 @@ Index (``PrefixIndex``): an LRU over entries keyed by the 64-bit link hash, defa
 Each entry holds up to 4 ``(target_id, gen, last_used, source)`` slots; on a 5th target the
 least recently used slot goes, and on a tie in ``last_used`` the first arrival keeps it.
 
-Measured memory (CPython 3.11, ``tracemalloc`` over 200k entries of random 64-bit keys, each
-record sharing one timestamp across its links as real records do): 233 B per entry with 1 slot,
-353 B with 2, 481 B with 4 (the OrderedDict node and int key, the slot list, 64 B per slot
-object). The default cap is thus about 47 MB (one slot each) to 96 MB (four), not the ~20 MB of
-the Go design; lower ``capacity`` where that matters.
+Memory (``pharos bench memory``: CPython 3.11, ``tracemalloc``, the default 200k entries full
+and turned over once): 138 B an entry (27.4 MB) when every record is one link, the worst case,
+and 107 B (21.2 MB) for conversations over shared system prompts on 3 targets; an OrderedDict of
+slot lists and slot objects took 233-481 B (47-96 MB). What makes it small: plain dicts in
+shards that never leave a 2**16-row table (``SHARD_ENTRIES``), a slot packed into one int, and
+one such int shared by every link a record writes.
 
 LRU: ``record`` and ``merge`` touch the entries they write; ``lookup`` does not (a lookup whose
 request then fails must not keep entries alive; a success records, which touches). A record
@@ -55,11 +56,11 @@ local records and removals, stamped with the receiver's current generation.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 Source: TypeAlias = Literal["local", "peer", "restored"]
 Outcome: TypeAlias = Literal[
@@ -280,15 +281,54 @@ def unfollowed(messages: object, prompt: object) -> str:
 
 # --- index -------------------------------------------------------------------------------------
 
+# A slot is one int: target id, gen (mod 2**24), source and last_used in whole milliseconds.
+# One record packs its slot once and every link it writes shares that object, so an entry with
+# one slot costs its key and its dict row and nothing else.
+_TARGET_BITS: Final = 20
+_GEN_BITS: Final = 24
+_TARGET_MASK: Final = (1 << _TARGET_BITS) - 1
+_GEN_MASK: Final = (1 << _GEN_BITS) - 1
+_GEN_SHIFT: Final = _TARGET_BITS
+_SOURCE_SHIFT: Final = _TARGET_BITS + _GEN_BITS
+_MS_SHIFT: Final = _SOURCE_SHIFT + 2
+_MS_MAX: Final = (1 << 44) - 1
+_SOURCES: Final[tuple[Source, ...]] = ("local", "peer", "restored")
+_SOURCE_CODE: Final[Mapping[str, int]] = {s: i for i, s in enumerate(_SOURCES)}
+_NO_GEN: Final = -1  # matches no stored gen (an unknown target's)
 
-class _Slot:
-    __slots__ = ("gen", "last_used", "source", "target")
+#: Entries per shard at most. A shard is a plain dict; CPython 3.11 sizes a dict's table from
+#: three times its live entries at each resize, so a shard that never holds more than a third
+#: of a 2**16-row table (21,845) stays in that table for good: about 65 bytes a row at 20,000
+#: entries, where one dict of 200,000 jumps to a 2**20-row table (about 105 bytes a row) and an
+#: OrderedDict adds its linked list on top (about 175 bytes a row measured).
+SHARD_ENTRIES: Final = 20_000
+#: A full shard drops this fraction of its oldest entries at once: a dict has no cheap "oldest"
+#: (finding the first live row walks the holes left by earlier pops), so eviction walks once
+#: per batch instead of once per entry.
+EVICT_FRACTION: Final = 64
 
-    def __init__(self, target: int, gen: int, last_used: float, source: Source) -> None:
-        self.target = target
-        self.gen = gen
-        self.last_used = last_used
-        self.source: Source = source
+Slots: TypeAlias = "int | tuple[int, ...]"
+
+
+def _pack(target: int, gen: int, last_used: float, source: Source) -> int:
+    if not 0 <= target <= _TARGET_MASK:
+        raise ValueError(f"target id {target} out of range")
+    ms = round(last_used * 1000) if last_used > 0 else 0  # NaN and negatives are 0
+    return ((min(ms, _MS_MAX) << _MS_SHIFT) | (_SOURCE_CODE[source] << _SOURCE_SHIFT)
+            | ((gen & _GEN_MASK) << _GEN_SHIFT) | target)
+
+
+def _ms(slot: int) -> int:
+    return slot >> _MS_SHIFT
+
+
+def _unpack(slot: int) -> tuple[int, int, float, Source]:
+    return (slot & _TARGET_MASK, (slot >> _GEN_SHIFT) & _GEN_MASK, (slot >> _MS_SHIFT) / 1000,
+            _SOURCES[(slot >> _SOURCE_SHIFT) & 3])
+
+
+def _as_tuple(slots: Slots) -> tuple[int, ...]:
+    return (slots,) if type(slots) is int else slots  # type: ignore[return-value]
 
 
 def _gen_getter(gens: Mapping[int, int] | Callable[[int], int | None]) -> Callable[
@@ -300,19 +340,31 @@ def _gen_getter(gens: Mapping[int, int] | Callable[[int], int | None]) -> Callab
 
 
 class PrefixIndex:
-    """A bounded LRU of link hash → up to ``MAX_SLOTS`` target slots (spec §6)."""
+    """A bounded LRU of link hash → up to ``MAX_SLOTS`` target slots (spec §6).
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    Held in ``ceil(capacity / SHARD_ENTRIES)`` shards by ``key % shards``, each an LRU of its
+    share of the capacity (the keys are hashes, so the shares fill evenly). An index of at most
+    ``SHARD_ENTRIES`` (every test's) is one shard and one exact LRU; a larger one is an exact
+    LRU per shard, and a shard that passes its share drops its oldest 1/``EVICT_FRACTION``.
+    ``last_used`` is kept in whole milliseconds and ``gen`` modulo 2**24."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY,
+                 shard_entries: int = SHARD_ENTRIES) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
+        if shard_entries < 1:
+            raise ValueError(f"shard_entries must be at least 1, got {shard_entries}")
         self.capacity = capacity
-        self._entries: OrderedDict[int, list[_Slot]] = OrderedDict()
+        n = -(-capacity // shard_entries)
+        self._n = n
+        self._shards: list[dict[int, Slots]] = [{} for _ in range(n)]
+        self._caps = [capacity // n + (i < capacity % n) for i in range(n)]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(s) for s in self._shards)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._entries
+        return isinstance(key, int) and key in self._shards[key % self._n]
 
     def lookup(
         self, ch: Chain, gens: Mapping[int, int] | Callable[[int], int | None]
@@ -322,20 +374,24 @@ class PrefixIndex:
         Walks h_n … h_1, skipping stale slots. O(links); does not touch the LRU order."""
         gen_of = _gen_getter(gens)
         keys, ends = ch.keys, ch.ends
+        shards, n = self._shards, self._n
         found: dict[int, Match] = {}
-        current: dict[int, int | None] = {}
+        current: dict[int, int] = {}
         for i in range(len(keys) - 1, -1, -1):
-            slots = self._entries.get(keys[i])
-            if slots is None:
+            key = keys[i]
+            got = shards[key % n].get(key) if n > 1 else shards[0].get(key)
+            if got is None:
                 continue
-            for slot in slots:
-                target = slot.target
+            for slot in (got,) if type(got) is int else got:  # type: ignore[union-attr]
+                target = slot & _TARGET_MASK
                 if target in found:
                     continue
-                if target not in current:
-                    current[target] = gen_of(target)
-                if slot.gen == current[target]:
-                    found[target] = Match(ends[i], slot.source)
+                want = current.get(target)
+                if want is None:
+                    g = gen_of(target)
+                    current[target] = want = _NO_GEN if g is None else g & _GEN_MASK
+                if (slot >> _GEN_SHIFT) & _GEN_MASK == want:
+                    found[target] = Match(ends[i], _SOURCES[(slot >> _SOURCE_SHIFT) & 3])
         return found
 
     def record(
@@ -346,32 +402,38 @@ class PrefixIndex:
         at dispatch or at the first byte: engines cache per slot, so a prompt is reusable only
         once the request that brought it has ended (§6)."""
         keys = ch.keys if isinstance(ch, Chain) else ch
-        entries = self._entries
+        slot = _pack(target_id, gen, now, source)
+        shards, caps, n = self._shards, self._caps, self._n
+        over: list[int] = []
         for key in reversed(keys):
-            slots = entries.get(key)
-            if slots is None:
-                entries[key] = [_Slot(target_id, gen, now, source)]
-            else:
-                entries.move_to_end(key)
-                _put(slots, target_id, gen, now, source)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
+            i = key % n if n > 1 else 0
+            shard = shards[i]
+            old = shard.pop(key, None)
+            shard[key] = slot if old is None else _put(old, slot)
+            if len(shard) > caps[i]:
+                over.append(i)
+        for i in over:  # after the whole chain, so a record never evicts its own links first
+            if len(shards[i]) > caps[i]:
+                drop_oldest(shards[i], caps[i])
 
     def correct(self, ch: Chain | Sequence[int], target_id: int) -> None:
         """Remove the target from every link of the chain: the engine reported cached tokens far
         below the prediction (``classify`` said ``wrong_prediction``). This is how the index
         learns each engine's real retention."""
         keys = ch.keys if isinstance(ch, Chain) else ch
-        entries = self._entries
+        shards, n = self._shards, self._n
         for key in keys:
-            slots = entries.get(key)
-            if slots is None:
+            shard = shards[key % n]
+            got = shard.get(key)
+            if got is None:
                 continue
-            kept = [s for s in slots if s.target != target_id]
+            kept = tuple(s for s in _as_tuple(got) if s & _TARGET_MASK != target_id)
             if not kept:
-                del entries[key]
-            elif len(kept) != len(slots):
-                slots[:] = kept
+                del shard[key]
+            elif len(kept) == 1:
+                shard[key] = kept[0]  # in place: a correction is not a use
+            elif len(kept) != len(_as_tuple(got)):
+                shard[key] = kept
 
     def forget(self, ch: Chain | Sequence[int], target_id: int) -> None:
         """Remove the target from every link of the chain after an error reply: whatever the
@@ -382,19 +444,24 @@ class PrefixIndex:
         self, key_of: Callable[[int], str | None],
         gens: Mapping[int, int] | Callable[[int], int | None] | None = None,
     ) -> list[Entry]:
-        """All live entries, most recently used first, targets named by ``key_of`` (a target it
-        names ``None`` is left out). With ``gens``, stale slots are left out too: a receiver
-        stamps what it merges with its own current gen, so a dead slot must not travel."""
+        """All live entries, most recently used first (``lru_order`` reversed), targets named by
+        ``key_of`` (a target it names ``None`` is left out). With ``gens``, stale slots are left
+        out too: a receiver stamps what it merges with its own current gen, so a dead slot must
+        not travel."""
         gen_of = _gen_getter(gens) if gens is not None else None
         out: list[Entry] = []
-        for key in reversed(self._entries):
+        for key in self._ordered(newest_first=True):
+            shard = self._shards[key % self._n]
             wire: list[WireSlot] = []
-            for slot in self._entries[key]:
-                if gen_of is not None and gen_of(slot.target) != slot.gen:
-                    continue
-                target_key = key_of(slot.target)
+            for slot in _as_tuple(shard[key]):
+                target, gen, last_used, _ = _unpack(slot)
+                if gen_of is not None:
+                    g = gen_of(target)
+                    if g is None or g & _GEN_MASK != gen:
+                        continue
+                target_key = key_of(target)
                 if target_key is not None:
-                    wire.append(WireSlot(target_key, slot.last_used))
+                    wire.append(WireSlot(target_key, last_used))
             if wire:
                 out.append(Entry(key, tuple(wire)))
         return out
@@ -458,29 +525,71 @@ class PrefixIndex:
     def slots(self, key: int) -> list[tuple[int, int, float, Source]]:
         """The slots of one entry as ``(target_id, gen, last_used, source)``, arrival order (for
         tests and the status page)."""
-        return [(s.target, s.gen, s.last_used, s.source) for s in self._entries.get(key, ())]
+        got = self._shards[key % self._n].get(key)
+        return [] if got is None else [_unpack(s) for s in _as_tuple(got)]
 
     def lru_order(self) -> list[int]:
-        """All entry keys, least recently used first."""
-        return list(self._entries)
+        """All entry keys, least recently used first: exact in one shard; across shards, their
+        orders interleaved by each entry's newest ``last_used`` (each shard's own order kept, so
+        a snapshot merged into an index of the same capacity rebuilds every shard's order)."""
+        return list(self._ordered(newest_first=False))
+
+    def _ordered(self, newest_first: bool) -> Iterator[int]:
+        if self._n == 1:
+            shard = self._shards[0]
+            return iter(reversed(shard) if newest_first else shard)
+
+        def stamped(shard: dict[int, Slots]) -> Iterator[tuple[int, int]]:
+            for key in reversed(shard) if newest_first else shard:
+                newest = max(_ms(s) for s in _as_tuple(shard[key]))
+                yield (-newest if newest_first else newest), key
+
+        merged = heapq.merge(*(stamped(s) for s in self._shards), key=lambda p: p[0])
+        return (key for _, key in merged)
 
 
-def _put(slots: list[_Slot], target: int, gen: int, now: float, source: Source) -> None:
-    for slot in slots:
-        if slot.target == target:
-            if slot.gen != gen or now >= slot.last_used:
-                slot.last_used = now
-                slot.source = source
-            slot.gen = gen
-            return
-    slots.append(_Slot(target, gen, now, source))
+def drop_oldest(table: dict[Any, Any], cap: int) -> None:
+    """Drop a plain dict's first (oldest) keys: down to ``cap`` less 1/EVICT_FRACTION of it.
+    A dict has no cheap "oldest" (finding its first live row walks the holes earlier pops
+    left), so a bounded table in insertion order is trimmed in batches, one walk each."""
+    it = iter(table)
+    victims = [next(it) for _ in range(len(table) - cap + cap // EVICT_FRACTION)]
+    for key in victims:
+        del table[key]
+
+
+def _put(old: Slots, slot: int) -> Slots:
+    """The entry's slots with ``slot`` recorded: its target's slot updated in place (its gen
+    always; its last_used and source unless that would move last_used back at the same gen),
+    else appended, the least recently used going past ``MAX_SLOTS`` (on a tie the latest
+    arrival)."""
+    target = slot & _TARGET_MASK
+    if type(old) is int:
+        if old & _TARGET_MASK == target:
+            return _updated(old, slot)
+        slots: tuple[int, ...] = (old, slot)
+    else:
+        slots = old  # type: ignore[assignment]
+        for i, s in enumerate(slots):
+            if s & _TARGET_MASK == target:
+                return (*slots[:i], _updated(s, slot), *slots[i + 1 :])
+        slots = (*slots, slot)
     if len(slots) > MAX_SLOTS:
-        # least recently used goes; on a tie the first arrival keeps it (so the latest goes)
         victim = len(slots) - 1
         for i in range(len(slots) - 2, -1, -1):
-            if slots[i].last_used < slots[victim].last_used:
+            if _ms(slots[i]) < _ms(slots[victim]):
                 victim = i
-        del slots[victim]
+        slots = slots[:victim] + slots[victim + 1 :]
+    return slots
+
+
+def _updated(old: int, new: int) -> int:
+    """A target's slot recorded again: the new one, or (same gen, older last_used) the old
+    one with the new gen."""
+    gen_bits = _GEN_MASK << _GEN_SHIFT
+    if (old & gen_bits) != (new & gen_bits) or _ms(new) >= _ms(old):
+        return new
+    return old  # same gen, so the gen is the new one already
 
 
 # --- outcome -----------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class Exchange:
 
     def __init__(self, request: Request, parsed: Parsed, path: str, kind: str | None, *,
                  sched: Scheduler, state: State, send: Send, clock: IReactorTime,
-                 limits: Limits, inflight: Inflight, session: str | None,
+                 limits: Limits, inflight: Inflight, session: int | None,
                  start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
                  key: str, weight: int = 1) -> None:
         self.request = request

@@ -24,7 +24,7 @@ ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "
                     "/api/chat", "/api/generate"})
 
 
-def explain(sched: Scheduler, route: str, parsed: Parsed, session: str | None,
+def explain(sched: Scheduler, route: str, parsed: Parsed, session: int | None,
             seed: int) -> dict[str, Any]:
     """The explanation document of one request on ``route`` (raises the route's errors)."""
     kind = OLLAMA if route.startswith("/api/") else None

@@ -34,7 +34,7 @@ def three(slots: int = 4) -> tuple[Scheduler, State]:
     return sched, state
 
 
-def chat(question: str, system: str = SYSTEM, seed: int = 1, session: str | None = None
+def chat(question: str, system: str = SYSTEM, seed: int = 1, session: int | None = None
          ) -> SchedRequest:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     ch = chain("m", messages, None, None)
@@ -157,10 +157,10 @@ def test_session_goes_back_to_its_target() -> None:
     """A request naming its session returns to the session's last target even when another is
     less loaded, while that target has a free slot."""
     sched, _ = three(slots=4)
-    first = granted(sched.acquire("k", 1, chat("hi", system="short", session="s1")))
+    first = granted(sched.acquire("k", 1, chat("hi", system="short", session=1)))
     others = [granted(sched.acquire("k", 1, chat("x", system="other", seed=i)))
               for i in range(2, 5)]
-    again = granted(sched.acquire("k", 1, chat("more", system="short", seed=9, session="s1")))
+    again = granted(sched.acquire("k", 1, chat("more", system="short", seed=9, session=1)))
     assert again.target is first.target
     assert again.decision.reason.startswith("session affinity")
     assert len({o.target.id for o in others}) >= 2
@@ -169,8 +169,8 @@ def test_session_goes_back_to_its_target() -> None:
 def test_session_affinity_yields_to_a_full_target() -> None:
     """A session's target with no free slot does not hold the request: it goes elsewhere."""
     sched, _ = three(slots=1)
-    first = granted(sched.acquire("k", 1, chat("hi", system="short", session="s1")))
-    again = granted(sched.acquire("k", 1, chat("more", system="short", seed=9, session="s1")))
+    first = granted(sched.acquire("k", 1, chat("hi", system="short", session=1)))
+    again = granted(sched.acquire("k", 1, chat("more", system="short", seed=9, session=1)))
     assert again.target is not first.target
 
 

@@ -14,6 +14,7 @@ from pharos.prefix import (
     BLOCK_BYTES,
     EMPTY,
     MAX_SLOTS,
+    SHARD_ENTRIES,
     Chain,
     Entry,
     Match,
@@ -274,7 +275,7 @@ def test_export_merge_round_trip_onto_fresh_ids() -> None:
     """export names targets by key, most recent first, without stale slots; merge maps keys to
     the receiver's own ids, drops unknown targets, stamps the receiver's gens, marks the source
     and keeps the LRU order."""
-    sender = PrefixIndex()
+    sender = PrefixIndex(capacity=SHARD_ENTRIES)  # one shard: one exact LRU order
     a, b = conv(2, "a"), conv(1, "b")
     sender.record(a, 1, 0, 10.0)
     sender.record(b, 2, 5, 20.0)
@@ -286,7 +287,7 @@ def test_export_merge_round_trip_onto_fresh_ids() -> None:
     assert [e.key for e in exported] == [a.keys[0], a.keys[1], b.keys[0]]
     assert exported[2] == Entry(b.keys[0], (WireSlot("b2/m", 20.0), WireSlot("b3/m", 21.0)))
 
-    receiver = PrefixIndex()
+    receiver = PrefixIndex(capacity=SHARD_ENTRIES)
     ids = {"b1/m": 100, "b2/m": 200}
     dropped = receiver.merge(exported, ids.get, {100: 7, 200: 9}, now=15.0, source="restored")
     assert dropped == 1
@@ -354,8 +355,15 @@ class Reference:
     """The naive model: a dict of key → slots and a list for the LRU order, same rules."""
 
     capacity: int
+    shards: int = 1  # each an LRU of its share of the capacity, keys by key % shards
     slots: dict[int, list[RefSlot]] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)  # least recently used first
+
+    def cap(self, i: int) -> int:
+        return self.capacity // self.shards + (i < self.capacity % self.shards)
+
+    def shard_order(self, i: int) -> list[int]:
+        return [k for k in self.order if k % self.shards == i]
 
     def record(self, keys: tuple[int, ...], target: int, gen: int, now: float, src: str) -> None:
         for key in reversed(keys):
@@ -375,8 +383,13 @@ class Reference:
                 oldest = min(s.last_used for s in slots)
                 tied = [i for i, s in enumerate(slots) if s.last_used == oldest]
                 del slots[max(tied)]
-        while len(self.order) > self.capacity:
-            del self.slots[self.order.pop(0)]
+        for shard in range(self.shards):
+            held = self.shard_order(shard)
+            cap = self.cap(shard)
+            if len(held) > cap:  # a full shard drops its oldest, 1/64 of it extra
+                for old in held[: len(held) - cap + cap // 64]:
+                    self.order.remove(old)
+                    del self.slots[old]
 
     def remove(self, keys: tuple[int, ...], target: int) -> None:
         for key in keys:
@@ -417,19 +430,27 @@ ops = st.one_of(
 
 
 def assert_same(idx: PrefixIndex, ref: Reference) -> None:
-    assert idx.lru_order() == ref.order
+    if ref.shards == 1:
+        assert idx.lru_order() == ref.order
+    else:  # across shards the order interleaves by timestamp; each shard's own is exact
+        got = idx.lru_order()
+        assert sorted(got) == sorted(ref.order)
+        for i in range(ref.shards):
+            assert [k for k in got if k % ref.shards == i] == ref.shard_order(i)
     for key in ref.order:
         want = [(s.target, s.gen, s.last_used, s.source) for s in ref.slots[key]]
         assert idx.slots(key) == want
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(1, 8), st.lists(ops, max_size=40))
-def test_index_matches_the_reference_model(capacity: int, script: list[tuple]) -> None:
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 8), st.sampled_from([SHARD_ENTRIES, 3, 2]), st.lists(ops, max_size=40))
+def test_index_matches_the_reference_model(capacity: int, shard_entries: int,
+                                           script: list[tuple]) -> None:
     """Under any sequence of records (with tied and out-of-order timestamps), corrections,
     forgets, generation bumps and lookups, the index holds exactly the reference model's entries,
-    slots and LRU order, and answers every lookup the same."""
-    idx, ref = PrefixIndex(capacity), Reference(capacity)
+    slots and LRU order (per shard when it has several), and answers every lookup the same."""
+    idx = PrefixIndex(capacity, shard_entries=shard_entries)
+    ref = Reference(capacity, shards=-(-capacity // shard_entries))
     gens = {t: 0 for t in range(6)}
     for op in script:
         kind = op[0]
@@ -447,6 +468,43 @@ def test_index_matches_the_reference_model(capacity: int, script: list[tuple]) -
             assert idx.lookup(op[1], gens) == ref.lookup(op[1], gens)
         assert_same(idx, ref)
         assert len(idx) <= capacity
+
+
+def test_a_full_shard_drops_its_oldest_in_one_batch() -> None:
+    """Past its capacity an index drops its least recently used entries, 1/64 of the capacity
+    more than the overflow at once (one walk of the table per batch): the newest survive, and
+    the size never passes the capacity."""
+    idx = PrefixIndex(capacity=1000)
+    keys = list(range(10_000, 11_001))
+    for k, key in enumerate(keys):
+        idx.record([key], 1, 0, float(k))
+        assert len(idx) <= 1000
+    assert len(idx) == 1000 - 1000 // 64
+    assert idx.lru_order() == keys[-len(idx):]
+
+
+def test_a_sharded_index_keeps_each_shards_lru_and_exports_newest_first() -> None:
+    """An index larger than one shard: every shard keeps its own newest entries and nothing
+    past its share; export is newest first across shards; and a snapshot merged into an index
+    of the same capacity rebuilds each shard's order and every slot."""
+    import random
+
+    rng = random.Random(7)
+    sender = PrefixIndex(capacity=3 * SHARD_ENTRIES)
+    keys = [rng.getrandbits(64) for _ in range(4 * SHARD_ENTRIES)]
+    for k, key in enumerate(keys):
+        sender.record([key], k % 3, 0, float(k))
+    assert 3 * SHARD_ENTRIES - 3 * (SHARD_ENTRIES // 64 + 1) <= len(sender) <= 3 * SHARD_ENTRIES
+    assert all(key in sender for key in keys[-SHARD_ENTRIES:])  # the newest third: all held
+    assert sum(key in sender for key in keys[:SHARD_ENTRIES]) == 0  # the oldest: all gone
+    exported = sender.export(lambda t: f"t{t}")
+    stamps = [e.slots[0].last_used for e in exported]
+    assert stamps == sorted(stamps, reverse=True)
+    receiver = PrefixIndex(capacity=3 * SHARD_ENTRIES)
+    assert receiver.merge(exported, lambda k: int(k[1:]), lambda t: 0, now=1e9) == 0
+    assert receiver.lru_order() == sender.lru_order()
+    assert all(receiver.slots(k) == [(t, g, lu, "peer") for t, g, lu, _ in sender.slots(k)]
+               for k in keys[-100:])
 
 
 @settings(max_examples=200, deadline=None)
