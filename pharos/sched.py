@@ -512,6 +512,8 @@ class Scheduler:
         fallback."""
         v = self.state.view(t)
         engine_running = v.running if v.load_fresh else None
+        if engine_running is not None and engine_running > MAX_PLAUSIBLE_CAPACITY:
+            engine_running = None  # no engine runs that many: unknown this round, not "full"
         engine_waiting = v.waiting if v.load_fresh else None
         occupied = max(t.inflight, engine_running or 0)
         capacity = v.capacity or t.backend.spec.capacity or t.learned_capacity

@@ -106,6 +106,18 @@ def test_hostile_or_flapping_counts_learn_nothing() -> None:
     assert t.learned_capacity == 7
 
 
+def test_an_implausible_running_count_is_unknown_not_a_full_engine() -> None:
+    """A round reporting more running than any engine has (1e9) is no occupancy: the target
+    is priced on Pharos's own in-flight count, as if the engine had said nothing."""
+    sched, clock, engine, t = rig()
+    report(engine, 1e9)
+    clock.pump([1.0])
+    assert sched.candidate(t, 0).free_slots == 2
+    report(engine, 2)
+    clock.pump([1.0])
+    assert sched.candidate(t, 0).free_slots == 0
+
+
 def test_config_capacity_wins_and_nothing_is_learned() -> None:
     """capacity: in config is an override: used as is, never learned over."""
     sched, clock, engine, t = rig(capacity=3)

@@ -227,3 +227,27 @@ def test_resolve_auto_detects_then_resolves() -> None:
     """kind auto runs detection, then that kind's recipe."""
     plan, _ = run(resolve(llamacpp(), lib.AUTO))
     assert plan.kind == lib.LLAMACPP
+
+
+def vllm_page(kv: str, running: str = "3") -> bytes:
+    return (b'vllm:num_requests_running{model_name="tiny"} %s\n'
+            b'vllm:num_requests_waiting{model_name="tiny"} 0\n'
+            b'vllm:kv_cache_usage_perc{model_name="tiny"} %s\n') % (running.encode(), kv.encode())
+
+
+@pytest.mark.parametrize("kv", ["1.7", "-0.2", "NaN", "+Inf"])
+def test_kv_usage_outside_0_1_is_unknown_that_round_and_known_again_after(kv: str) -> None:
+    """A vLLM page whose KV usage is outside 0..1 (or not a number) leaves KV usage unknown for
+    that round, never clamped, while its counts stay known; the next good page is read again,
+    so a page that flaps between known and unknown gives exactly what each round said."""
+    backend = FakeBackend({
+        "/version": (200, b'{"version":"0.32.0"}'),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"tiny"}]}'),
+        "/metrics": (200, vllm_page("0.25")),
+    })
+    plan, _ = run(resolve(backend, lib.VLLM))
+    for page, want in [(kv, None), ("0.5", 0.5), (kv, None), ("1", 1.0)]:
+        backend.answers["/metrics"] = (200, vllm_page(page))
+        snap, failures = run(plan.scrape(backend, full=False))
+        assert snap.load["tiny"] == Load(running=3, waiting=0, kv_usage=want)
+        assert ("vllm-kv-cache-usage-perc" in {f.probe.name for f in failures}) is (want is None)
