@@ -237,6 +237,8 @@ class _Scored:
 
 
 def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> _Scored:
+    # The hot loop of every decision (64 candidates in the benchmark): names are bound to
+    # locals and the guards' fleet-wide inputs gathered in one pass before it.
     prompt = req.prompt_tokens
     threshold = cfg.kv_pressure_threshold
     prefill_fleet: tuple[float, str] | None = None
@@ -244,9 +246,24 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
     service_fleet: tuple[float, str] | None = None
     out = _Scored()
     terms, ests, utils, feasible = out.terms, out.est, out.util, out.feasible
+    add_term, add_est, add_util, add_feasible = (
+        terms.append, ests.append, utils.append, feasible.append)
     best = math.inf
-    bound = _load_bound(candidates, cfg.bounded_load_epsilon if cfg.name == "cost" else None)
-    waived = out.kv_waived = threshold < 1 and _kv_waived(candidates, threshold)
+    known = above = total_inflight = 0
+    for c in candidates:
+        total_inflight += c.inflight
+        kv = c.kv_usage
+        if kv is not None:
+            known += 1
+            if kv > threshold:
+                above += 1
+    n = len(candidates)
+    epsilon = cfg.bounded_load_epsilon if cfg.name == "cost" else None
+    bound = (_UNBOUNDED if epsilon is None or n < 2
+             else max(1, math.ceil((1 + epsilon) * (total_inflight + 1) / n)))
+    waived = out.kv_waived = threshold < 1 and known > 0 and (
+        known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
+    discounted = 0
     for c in candidates:
         capacity = c.capacity
         if capacity < 1:
@@ -265,9 +282,10 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
                         [v for x in candidates if (v := x.service_sec) is not None],
                         cfg.service_sec_default, "service_sec")
                 service, note = service_fleet
-                fallbacks = (*fallbacks, note)
+                fallbacks = (note,)
             wait = (c.queue_ahead + 1) / capacity * service + c.queued_prefill_sec
 
+        load = 0.0
         if c.warm is False and not c.loading:
             fits = c.fits_if_cold
             if fits is False:
@@ -275,16 +293,15 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
                 out.aside[set_aside] = out.aside.get(set_aside, 0) + 1
             elif fits is None:
                 fallbacks = (*fallbacks, FITS_IF_COLD_UNKNOWN)
-            load = c.load_sec
-            if load is None:
+            load_sec = c.load_sec
+            if load_sec is None:
                 if load_fleet is None:
                     load_fleet = _fleet(
                         [v for x in candidates if (v := x.load_sec) is not None],
                         cfg.load_sec_default, "load_sec")
-                load, note = load_fleet
+                load_sec, note = load_fleet
                 fallbacks = (*fallbacks, note)
-        else:
-            load = 0.0
+            load = load_sec
 
         matched = c.matched_tokens
         if matched > prompt:
@@ -308,9 +325,11 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
             if kv is None:
                 fallbacks = (*fallbacks, KV_USAGE_UNKNOWN)
             elif kv > threshold and not waived:
-                distrust = min((kv - threshold) / (1.0 - threshold), 1.0) * KV_DISTRUST_MAX
-                kv_penalty = matched * per_token * distrust
-                out.kv_discounted += 1
+                distrust = (kv - threshold) / (1.0 - threshold)
+                if distrust > 1.0:
+                    distrust = 1.0
+                kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
+                discounted += 1
 
         if set_aside is None and c.inflight >= bound:
             set_aside = SET_ASIDE_BOUNDED_LOAD
@@ -321,12 +340,13 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
             est = wait + load + prefill + kv_penalty
             if est < best:
                 best = est
-            feasible.append(len(terms))
-        terms.append(
+            add_feasible(len(terms))
+        add_term(
             (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside))
-        ests.append(est)
-        utils.append(util)
+        add_est(est)
+        add_util(util)
     out.best = best
+    out.kv_discounted = discounted
     if not feasible and out.aside.get(SET_ASIDE_BOUNDED_LOAD):
         # The guard never leaves no target: without it, every other one is infeasible anyway.
         return _score(req, candidates, replace(cfg, bounded_load_epsilon=None))
@@ -334,32 +354,6 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
 
 
 _UNBOUNDED: Final = 1 << 62
-
-
-def _kv_waived(candidates: Sequence[Candidate], threshold: float) -> bool:
-    """Whether (nearly) every candidate that reports KV usage is above the threshold: then no
-    cache is likelier to keep a prompt than another, and the guard would only erase the
-    cache signal."""
-    known = above = 0
-    for c in candidates:
-        kv = c.kv_usage
-        if kv is not None:
-            known += 1
-            if kv > threshold:
-                above += 1
-    return known > 0 and known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE)
-
-
-def _load_bound(candidates: Sequence[Candidate], epsilon: float | None) -> int:
-    """The in-flight count at which bounded load sets a target aside:
-    ``ceil((1 + epsilon) × (in_flight + 1) / n)``; unbounded when off or alone."""
-    n = len(candidates)
-    if epsilon is None or n < 2:
-        return _UNBOUNDED
-    total = 0
-    for c in candidates:
-        total += c.inflight
-    return max(1, math.ceil((1 + epsilon) * (total + 1) / n))
 
 
 def score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> tuple[Score, ...]:
