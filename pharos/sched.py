@@ -126,6 +126,8 @@ class Lease:
     est_ttft: float | None = None  # the policy's estimate for this target, seconds
     prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
     started: bool = False  # ...the first byte of the reply arrived
+    #: Its first byte less the later of its grant and the target's previous first byte.
+    prefill_window_sec: float | None = None
     granted_at: float = 0.0
     moved_at: float | None = None  # the last byte of its reply relayed (the watchdog's clue)
 
@@ -139,6 +141,13 @@ class Lease:
         if self.started or self.released:
             return
         self.started = True
+        t = self.target
+        now = self.sched.state.clock.seconds()
+        since = self.granted_at
+        if t.last_first_byte_at is not None and t.last_first_byte_at > since:
+            since = t.last_first_byte_at  # a prefill ahead of it ended only then
+        self.prefill_window_sec = now - since
+        t.last_first_byte_at = now
         self.sched.started(self)
 
     def release(self, sample: Sample | None = None) -> None:

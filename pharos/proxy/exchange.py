@@ -428,6 +428,7 @@ class Exchange:
             prompt_eval_sec=usage.prompt_eval_sec if usage else None,
             load_sec=usage.load_sec if usage else None,
             control=self.parsed.control,
+            prefill_window_sec=lease.prefill_window_sec,
         )
 
 

@@ -64,6 +64,8 @@ class Target:
     queued_prefill: float = 0.0
     #: How many of our requests on it have no first byte yet.
     unstarted: int = 0
+    #: When the last of our requests on it had its first byte (a prefill ahead ended).
+    last_first_byte_at: float | None = None
     #: Capacity learned from the engine's own counts when it reports none (issue 10): the
     #: most requests it was seen running at once, raised one slot at a time while Pharos has
     #: waiters and the engine no queue, set to Running when the engine queues. None: nothing

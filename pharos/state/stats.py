@@ -50,6 +50,10 @@ class Sample:
     prompt_eval_sec: float | None = None  # the engine's own prefill time, when it reports it
     load_sec: float | None = None  # the engine's own load time (Ollama load_duration)
     control: bool = False  # an Ollama load/unload request: teaches nothing
+    #: Seconds from the later of its dispatch and the target's previous first byte to its own
+    #: first byte: its TTFT without the prefills that were ahead of it (engines without a
+    #: per-request prefill time prefill in arrival order; ``Lease.first_byte`` measures it).
+    prefill_window_sec: float | None = None
 
 
 def learn(stats: TargetStats, s: Sample) -> bool:
@@ -74,6 +78,9 @@ def learn(stats: TargetStats, s: Sample) -> bool:
         if uncached >= MIN_UNCACHED_FOR_PREFILL:
             if s.prompt_eval_sec is not None:
                 stats.prefill_sec_per_token.add(s.prompt_eval_sec / uncached)
-            elif not cold and s.ttft_sec is not None:
-                stats.prefill_sec_per_token.add(s.ttft_sec / uncached)
+            elif not cold and (seen := (s.prefill_window_sec if s.prefill_window_sec
+                                        is not None else s.ttft_sec)) is not None:
+                # TTFT alone would count the queue as prefill: a busy target would look slow,
+                # lose traffic, and keep the slow estimate for want of new samples.
+                stats.prefill_sec_per_token.add(seen / uncached)
     return cold

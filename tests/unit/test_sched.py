@@ -193,3 +193,21 @@ def test_occupancy_counts_the_engines_fresh_running() -> None:
                                         b"llamacpp:requests_deferred 0\n")
     clock.advance(1.0)  # the next round kicks the queue
     assert d.called
+
+
+def test_a_prefill_window_starts_when_the_prefill_ahead_ended() -> None:
+    """Two requests granted together on one slow engine: the first's window is its whole TTFT;
+    the second's starts at the first's first byte (the engine prefilled it after), and one
+    granted after that first byte counts from its own grant."""
+    sched, state, clock = fleet({"http://l:1": (llamacpp(slots=4), BackendSpec(
+        url="http://l:1", kind="llamacpp"))})
+    a, b = granted(sched.acquire("k", 1, req())), granted(sched.acquire("k", 1, req(seed=2)))
+    clock.advance(1.0)
+    a.first_byte()
+    clock.advance(0.5)
+    b.first_byte()
+    clock.advance(0.25)
+    c = granted(sched.acquire("k", 1, req(seed=3)))
+    clock.advance(0.75)
+    c.first_byte()
+    assert (a.prefill_window_sec, b.prefill_window_sec, c.prefill_window_sec) == (1.0, 0.5, 0.75)

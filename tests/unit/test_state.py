@@ -252,3 +252,17 @@ def test_learning_rules() -> None:
     learn(s, Sample(ok=False, dispatched_cold=False, ttft_sec=1, duration_sec=1))
     learn(s, Sample(ok=True, dispatched_cold=True, ttft_sec=1, duration_sec=1, control=True))
     assert (s.service_sec.samples, s.load_sec.samples) == before
+
+
+def test_prefill_speed_is_learned_from_the_window_after_the_prefills_ahead() -> None:
+    """With the window measured from the end of the prefill ahead (``prefill_window_sec``), a
+    TTFT that waited behind others teaches the speed of its own prefill; without one (a
+    direct caller), the TTFT is used as before."""
+    s = TargetStats()
+    learn(s, Sample(ok=True, dispatched_cold=False, ttft_sec=3.0, duration_sec=4.0,
+                    prompt_tokens=1000, cached_tokens=0, prefill_window_sec=1.0))
+    assert s.prefill_sec_per_token.value == 0.001
+    s = TargetStats()
+    learn(s, Sample(ok=True, dispatched_cold=False, ttft_sec=3.0, duration_sec=4.0,
+                    prompt_tokens=1000, cached_tokens=0))
+    assert s.prefill_sec_per_token.value == 0.003
