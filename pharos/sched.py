@@ -488,26 +488,32 @@ class Scheduler:
             v = self.state.view(t)
             # This round's counts hold as evidence even when a reply ended since (the view's
             # load_fresh): a queue seen at the scrape was a queue.
+            running, queued = v.running, v.waiting
+            # Counted for every target: one whose engine queues is full whatever its capacity
+            # says (``candidate``).
+            t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             if v.capacity or t.backend.spec.capacity or t.backend.failing is not None:
                 continue
-            running, queued = v.running, v.waiting
             if running is None or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY:
                 continue  # unknown this round: nothing learned, nothing forgotten
             current = t.learned_capacity
             base = current if current is not None else self.default_capacity
             t.capacity_seen_max = seen = max(t.capacity_seen_max, running)
-            t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             if t.queue_rounds >= QUEUE_ROUNDS:
                 # The engine queues (two rounds running: a request waiting for the next engine
                 # step is not a queue): it runs all it can.
                 learned = max(seen, 1)
                 t.capacity_seen_queue = True
             elif queued == 0 and t.model in waiting_models and (
-                    running if t.capacity_seen_queue else max(running, t.inflight)) >= base:
+                    running if t.capacity_seen_queue
+                    else min(max(running, t.inflight), running + 1)) >= base:
                 # Every slot in use, no engine queue, and Pharos has more: try one more. Until
                 # the engine has queued once, Pharos's own in-flight count stands in for a
-                # Running that lags (a request still in the engine's front end); after, only
-                # the engine's Running does.
+                # Running that lags by one (the request granted since the last round, still in
+                # the engine's front end), never for more: Pharos holds a lease until the last
+                # byte reaches the client, so its count also has replies the engine has
+                # finished (a slow client or relay; live vLLM: Running 0 with 9 leases held).
+                # After the engine has queued, only its Running does.
                 learned = base + 1
             elif seen > base:
                 learned = seen  # it ran more than that at once (clients bypassing Pharos)
@@ -518,7 +524,10 @@ class Scheduler:
     def candidate(self, t: Target, queued: int, matched_tokens: int = 0) -> Candidate:
         """One target as the policy sees it: occupancy = max(our in-flight, the engine's fresh
         Running); capacity from the engine, else config, else learned, else the saturation
-        fallback."""
+        fallback. An engine that has queued for ``QUEUE_ROUNDS`` rounds and still reports a
+        queue is full at what it runs, whatever its capacity says: vLLM admits no request its
+        KV pool cannot hold, so a 64-sequence engine with a small pool queues at 4, and a
+        request sent there waits for one of those 4 to end."""
         v = self.state.view(t)
         engine_running = v.running if v.load_fresh else None
         if engine_running is not None and engine_running > MAX_PLAUSIBLE_CAPACITY:
@@ -532,6 +541,8 @@ class Scheduler:
             free = 0 if saturated else capacity - occupied
         else:
             free = capacity - occupied
+            if (engine_waiting or 0) > 0 and t.queue_rounds >= QUEUE_ROUNDS and engine_running:
+                capacity, free = min(capacity, engine_running), 0
         warm = {Residency.LOADED: True, Residency.LOADING: True,
                 Residency.COLD: False}.get(v.residency)
         loading = v.residency is Residency.LOADING or (

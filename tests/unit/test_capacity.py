@@ -1,7 +1,8 @@
 """Layer 1: capacity learned from what an engine reports (issue 10 item 3), on a Clock with a
 scripted vLLM (which exports no max-num-seqs): probing upward while Pharos has waiters and
-the engine no queue, Running taken as the capacity when the engine queues, never below what it
-was seen running, hostile counts ignored, config and engine-reported capacity winning."""
+the engine no queue (and runs all but at most one of Pharos's requests), Running taken as the
+capacity when the engine queues, never below what it was seen running, hostile counts
+ignored, config and engine-reported capacity winning."""
 
 from __future__ import annotations
 
@@ -65,6 +66,27 @@ def test_probes_up_one_slot_a_round_while_pharos_waits_and_the_engine_does_not()
     assert sum(d.called for d in waiters) == t.inflight
 
 
+def test_leases_on_replies_the_engine_has_finished_are_not_slots_in_use() -> None:
+    """Pharos holds a lease until the client has the last byte, so its in-flight count can
+    be far above the engine's Running (a slow client or relay; seen on a live vLLM: Running 0
+    with 9 leases held). Such rounds add no slot: the in-flight count stands in for at most
+    one request the engine has not counted yet."""
+    sched, clock, engine, t = rig()
+    hold(sched, 20)
+    for _ in range(10):
+        report(engine, 0)
+        clock.pump([1.0])
+    assert t.learned_capacity is None and t.inflight == 2
+    for _ in range(5):
+        report(engine, t.inflight - 2)
+        clock.pump([1.0])
+    assert t.learned_capacity is None
+    for _ in range(3):
+        report(engine, t.inflight - 1)  # the one granted last is not running yet
+        clock.pump([1.0])
+    assert t.learned_capacity == 5
+
+
 def test_an_engine_queue_sets_the_capacity_to_its_running_count() -> None:
     """When the engine reports waiting > 0, its Running is the capacity (a probe that went one
     too far comes back), and it stays when the engine goes quiet."""
@@ -116,6 +138,25 @@ def test_an_implausible_running_count_is_unknown_not_a_full_engine() -> None:
     report(engine, 2)
     clock.pump([1.0])
     assert sched.candidate(t, 0).free_slots == 0
+
+
+def test_an_engine_that_keeps_queueing_is_full_at_what_it_runs() -> None:
+    """capacity: 64 in config, but the engine runs 4 and queues 3 (a KV pool that holds only
+    4 prompts): after one such round the target still has 60 free slots (a request waiting one
+    engine step is no queue); after two it is full at 4, so a request sent there is priced as
+    waiting for one of those 4 to end; once the queue is gone the 64 slots are back."""
+    sched, clock, engine, t = rig(capacity=64)
+    report(engine, 4, waiting=3)
+    clock.pump([1.0])
+    c = sched.candidate(t, 0)
+    assert (c.capacity, c.free_slots) == (64, 60)
+    clock.pump([1.0])
+    c = sched.candidate(t, 0)
+    assert (c.capacity, c.free_slots, c.queue_ahead) == (4, 0, 3)
+    report(engine, 4, waiting=0)
+    clock.pump([1.0])
+    c = sched.candidate(t, 0)
+    assert (c.capacity, c.free_slots) == (64, 60)
 
 
 def test_config_capacity_wins_and_nothing_is_learned() -> None:
