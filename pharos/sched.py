@@ -480,7 +480,8 @@ class Scheduler:
         (vLLM exports no max-num-seqs). A count seen running at once is never unlearned;
         while Pharos has waiters for the model, fills every slot it assumes and the engine
         reports no queue, one more slot is tried; when the engine queues (two rounds in a
-        row), its Running is the capacity (but never below what it was seen running)."""
+        row), its Running is the capacity (but never below what it was seen running), and no
+        more slots are tried (it still rises to a higher count seen running)."""
         waiting_models = {w.req.model for q in self._queues.values() for w in q}
         for t in self.state.targets:
             if t.backend is not backend:
@@ -504,16 +505,16 @@ class Scheduler:
                 # step is not a queue): it runs all it can.
                 learned = max(seen, 1)
                 t.capacity_seen_queue = True
-            elif queued == 0 and t.model in waiting_models and (
-                    running if t.capacity_seen_queue
-                    else min(max(running, t.inflight), running + 1)) >= base:
-                # Every slot in use, no engine queue, and Pharos has more: try one more. Until
-                # the engine has queued once, Pharos's own in-flight count stands in for a
-                # Running that lags by one (the request granted since the last round, still in
-                # the engine's front end), never for more: Pharos holds a lease until the last
-                # byte reaches the client, so its count also has replies the engine has
-                # finished (a slow client or relay; live vLLM: Running 0 with 9 leases held).
-                # After the engine has queued, only its Running does.
+            elif (not t.capacity_seen_queue and queued == 0 and t.model in waiting_models
+                  and min(max(running, t.inflight), running + 1) >= base):
+                # Every slot in use, no engine queue, and Pharos has more: try one more.
+                # Pharos's own in-flight count stands in for a Running that lags by one (the
+                # request granted since the last round, still in the engine's front end), never
+                # for more: Pharos holds a lease until the last byte reaches the client, so its
+                # count also has replies the engine has finished (a slow client or relay; live
+                # vLLM: Running 0 with 9 leases held). Once the engine has queued, its Running
+                # then is the capacity and no slot is tried past it (each try would park a
+                # request in the engine's queue until two rounds in a row see it).
                 learned = base + 1
             elif seen > base:
                 learned = seen  # it ran more than that at once (clients bypassing Pharos)

@@ -68,8 +68,9 @@ class Target:
     last_first_byte_at: float | None = None
     #: Capacity learned from the engine's own counts when it reports none (issue 10): the
     #: most requests it was seen running at once, raised one slot at a time while Pharos has
-    #: waiters and the engine no queue, set to Running when the engine queues. None: nothing
-    #: learned yet. ``capacity_seen_queue``: the value came from an engine queue.
+    #: waiters and the engine no queue, set to Running when the engine queues (and no longer
+    #: raised by trying then). None: nothing learned yet. ``capacity_seen_queue``: the engine
+    #: has queued.
     learned_capacity: int | None = None
     capacity_seen_queue: bool = False
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once

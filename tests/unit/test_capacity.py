@@ -1,8 +1,8 @@
 """Layer 1: capacity learned from what an engine reports (issue 10 item 3), on a Clock with a
 scripted vLLM (which exports no max-num-seqs): probing upward while Pharos has waiters and
 the engine no queue (and runs all but at most one of Pharos's requests), Running taken as the
-capacity when the engine queues, never below what it was seen running, hostile counts
-ignored, config and engine-reported capacity winning."""
+capacity when the engine queues (and no slot tried past it then), never below what it was
+seen running, hostile counts ignored, config and engine-reported capacity winning."""
 
 from __future__ import annotations
 
@@ -87,18 +87,41 @@ def test_leases_on_replies_the_engine_has_finished_are_not_slots_in_use() -> Non
     assert t.learned_capacity == 5
 
 
-def test_an_engine_queue_sets_the_capacity_to_its_running_count() -> None:
-    """When the engine reports waiting > 0, its Running is the capacity (a probe that went one
-    too far comes back), and it stays when the engine goes quiet."""
+def queued_at_six() -> tuple[Scheduler, Clock, FakeBackend, Target]:
+    """20 requests through Pharos to an engine that runs 6 and queues the rest: by the eighth
+    round the queue has set the capacity to 6."""
     sched, clock, engine, t = rig()
     hold(sched, 20)
     for _ in range(8):
         report(engine, min(t.inflight, 6), max(0, t.inflight - 6))
         clock.pump([1.0])
     assert t.learned_capacity == 6 and t.capacity_seen_queue
+    return sched, clock, engine, t
+
+
+def test_an_engine_queue_sets_the_capacity_to_its_running_count() -> None:
+    """When the engine reports waiting > 0, its Running is the capacity (a probe that went one
+    too far comes back), and it stays when the engine goes quiet."""
+    sched, clock, engine, t = queued_at_six()
     report(engine, 0, 0)
     clock.pump([1.0] * 5)
     assert t.learned_capacity == 6
+
+
+def test_no_slot_is_tried_past_a_capacity_the_engine_queue_set() -> None:
+    """Once the engine's queue set the capacity, an engine running exactly that many with
+    no queue while Pharos has waiters is full, not a reason to try one more (a try parks a
+    request in the engine's queue until two rounds in a row see it, and on a live vLLM at
+    its --max-num-seqs it came back every few rounds); a higher count seen running still
+    raises it."""
+    sched, clock, engine, t = queued_at_six()
+    for _ in range(5):
+        report(engine, 6, 0)  # the queue drained: Pharos sends only 6 now
+        clock.pump([1.0])
+    assert t.learned_capacity == 6
+    report(engine, 7, 0)
+    clock.pump([1.0])
+    assert t.learned_capacity == 7
 
 
 def test_never_below_what_it_was_seen_running() -> None:
