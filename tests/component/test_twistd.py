@@ -87,7 +87,9 @@ def test_daemon_pidfile_refuses_second_start(config: tuple[Path, int], tmp_path:
         daemon = int(pid.read_text())
         os.kill(daemon, signal.SIGTERM)
         deadline = time.monotonic() + 15
-        while pid.exists() and time.monotonic() < deadline:
+        # twistd removes its pidfile before it logs its last line: wait for both.
+        while (pid.exists() or "Server Shut Down" not in log.read_text()) and \
+                time.monotonic() < deadline:
             time.sleep(0.1)
     assert not pid.exists(), "the daemon did not stop on SIGTERM"
     assert "Server Shut Down" in log.read_text()
