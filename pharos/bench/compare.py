@@ -5,7 +5,8 @@ that any drift of the machine over a long comparison falls on every policy alike
 doubles, and for a Pharos policy a fresh Pharos in front of them, then the same requests at the
 same times (one workload per rate and seed), the warm-up discarded, everything stopped, one
 result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The cache-blind
-baselines (``round-robin``, ``random``) are the harness dispatching straight to the engines.
+baselines (``round-robin``, ``random``) and the peer baseline ``prefix-aware`` (production-stack's
+router) are the harness dispatching straight to the engines.
 Medians over seeds are the report's business.
 """
 

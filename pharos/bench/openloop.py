@@ -40,8 +40,11 @@ from pharos.sim.workloads import Request
 
 #: Where every request goes.
 CHAT_PATH = "/v1/chat/completions"
-#: Ways the harness itself spreads requests over several base URLs.
-DISPATCH = ("round-robin", "random")
+#: Ways the harness itself spreads requests over several base URLs: the cache-blind baselines,
+#: and ``prefix-aware``, production-stack's prefixaware router as a peer baseline.
+DISPATCH = ("round-robin", "random", "prefix-aware")
+#: production-stack's HashTrie chunk: 128 characters of the prompt text.
+PREFIX_CHUNK_CHARS = 128
 #: Default bound on one request, from its scheduled time.
 DEFAULT_TIMEOUT = 60.0
 #: Idle pooled connections are closed after this long: below the 5 s keep-alive of
@@ -49,17 +52,51 @@ DEFAULT_TIMEOUT = 60.0
 POOL_IDLE_SEC = 2
 
 
-def assign(urls: Sequence[str], count: int, dispatch: str, seed: int) -> list[str]:
-    """The base URL of each of ``count`` requests: round robin by request index, or drawn
-    uniformly from a stream seeded by ``seed`` alone."""
+def assign(urls: Sequence[str], requests: Sequence[Request], dispatch: str, seed: int
+           ) -> list[str]:
+    """The base URL of each request: round robin by request index, drawn uniformly from a
+    stream seeded by ``seed`` alone, or ``prefix_aware``'s choice."""
     if not urls:
         raise ValueError("need at least one URL")
     if dispatch not in DISPATCH:
         raise ValueError(f"unknown dispatch {dispatch!r}: one of {', '.join(DISPATCH)}")
+    count = len(requests)
     if dispatch == "round-robin":
         return [urls[i % len(urls)] for i in range(count)]
     rng = random.Random(f"pharos.bench.dispatch:{seed}")
+    if dispatch == "prefix-aware":
+        return prefix_aware(urls, requests, rng)
     return [rng.choice(urls) for _ in range(count)]
+
+
+def prefix_aware(urls: Sequence[str], requests: Sequence[Request], rng: random.Random
+                 ) -> list[str]:
+    """production-stack's ``PrefixAwareRouter`` (vllm_router routing_logic.py and
+    prefix/hashtrie.py): the messages' contents joined by newlines, cut in 128-character
+    chunks; the engines recorded at the deepest chunk of the prompt seen before (every engine
+    when none was); one of them at random, load ignored; the prompt's chunks recorded for it.
+    Its trie never forgets (it assumes no eviction) and it reads no engine state, so its choices
+    depend on the requests alone and are made here, before the run, in send order."""
+    seen: dict[int, set[str]] = {}
+    out: list[str] = []
+    for r in requests:
+        prompt = "\n".join(str(m.get("content") or "") for m in r.messages)
+        keys: list[int] = []
+        h = 0
+        for i in range(0, len(prompt), PREFIX_CHUNK_CHARS):
+            h = hash((h, prompt[i:i + PREFIX_CHUNK_CHARS]))
+            keys.append(h)
+        holders: Sequence[str] = urls
+        for k in keys:
+            found = seen.get(k)
+            if not found:
+                break
+            holders = sorted(found)
+        url = rng.choice(list(holders))
+        for k in keys:
+            seen.setdefault(k, set()).add(url)
+        out.append(url)
+    return out
 
 
 def classify(failure: Failure) -> str:
@@ -112,7 +149,7 @@ class OpenLoop:
         self.clock: IReactorTime = clock if clock is not None else reactor
         self.requests = list(requests)
         self.urls = [u.rstrip("/") for u in urls]
-        self.targets = assign(self.urls, len(self.requests), dispatch, seed)
+        self.targets = assign(self.urls, self.requests, dispatch, seed)
         self.timeout = timeout
         self.on_change = on_change
         self._own_pool = pool is None

@@ -192,7 +192,7 @@ def main_run(argv: Sequence[str], reactor: Any) -> int:
     """``pharos bench run ...`` on ``reactor`` (the console script passes the global one)."""
     a = parser().parse_args(argv)
     if len(a.url) > 1 and a.dispatch is None:
-        parser().error("several --url need --dispatch round-robin or random")
+        parser().error("several --url need --dispatch (round-robin, random or prefix-aware)")
     try:
         kw = workload_args(a.workload_arg)
     except ValueError as e:

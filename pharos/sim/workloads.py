@@ -23,6 +23,7 @@ past ``duration`` are dropped).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from bisect import bisect_right
@@ -714,14 +715,49 @@ WORKLOADS: dict[str, Callable[..., list[Request]]] = {
 }
 
 
-def generate(name: str, seed: int, rate: float, duration: float, **kw: Any) -> list[Request]:
+#: How the traffic starts (``start=``): ``open`` as the arrival process has it; ``burst``: the
+#: first ``start_requests`` requests all at once, at 0; ``serial``: they come one at a time,
+#: ``start_gap`` seconds apart (each alone on the fleet), and the rest follow, shifted by that.
+#: Cache-aware routers are path dependent: where the first requests of each prompt land
+#: decides what every cache holds later (issue 10: peers pin every prompt on one engine when
+#: traffic starts one request at a time).
+STARTS = ("open", "burst", "serial")
+#: Requests ``burst`` and ``serial`` re-time, and ``serial``'s gap, seconds.
+START_REQUESTS = 16
+START_GAP_SEC = 0.5
+
+
+def starting(requests: list[Request], how: str, count: int = START_REQUESTS,
+          gap: float = START_GAP_SEC) -> list[Request]:
+    """``requests`` with their first ``count`` re-timed as ``how`` (one of ``STARTS``) says."""
+    if how not in STARTS:
+        raise ValueError(f"unknown start {how!r}: one of {', '.join(STARTS)}")
+    if not count >= 0:
+        raise ValueError(f"start_requests must not be negative, not {count}")
+    if not gap > 0:
+        raise ValueError(f"start_gap must be positive, not {gap}")
+    if how == "open" or not requests:
+        return requests
+    head, tail = requests[:count], requests[count:]
+    if how == "burst":
+        first = [dataclasses.replace(r, at=0.0) for r in head]
+        return first + tail
+    first = [dataclasses.replace(r, at=i * gap) for i, r in enumerate(head)]
+    shift = len(head) * gap - (tail[0].at if tail else 0.0)
+    return first + [dataclasses.replace(r, at=r.at + shift) for r in tail]
+
+
+def generate(name: str, seed: int, rate: float, duration: float, *, start: str = "open",
+             start_requests: int = START_REQUESTS, start_gap: float = START_GAP_SEC,
+             **kw: Any) -> list[Request]:
     """The requests of workload ``name`` (a key of ``WORKLOADS``), sorted by send time; ``kw``
-    are its keyword arguments (``model``, ``arrivals``, ``cv`` and its own knobs)."""
+    are its keyword arguments (``model``, ``arrivals``, ``cv`` and its own knobs); ``start``,
+    ``start_requests`` and ``start_gap`` say how the traffic starts (``STARTS``)."""
     try:
         make = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}: one of {', '.join(WORKLOADS)}") from None
-    return make(seed, rate, duration, **kw)
+    return starting(make(seed, rate, duration, **kw), start, start_requests, start_gap)
 
 
 def _units(request: Request) -> Iterable[bytes]:

@@ -67,14 +67,15 @@ class Target:
     #: When the last of our requests on it had its first byte (a prefill ahead ended).
     last_first_byte_at: float | None = None
     #: Capacity learned from the engine's own counts when it reports none (issue 10): the
-    #: most requests it was seen running at once, raised one slot at a time while Pharos has
-    #: waiters and the engine no queue, set to Running when the engine queues (and no longer
-    #: raised by trying then). None: nothing learned yet. ``capacity_seen_queue``: the engine
-    #: has queued.
+    #: most requests it was seen running at once, raised one slot a round while requests come
+    #: when it has no free slot and the engine has no queue, set to Running when the engine
+    #: queues with KV blocks to spare (and no longer raised by trying then). None: nothing
+    #: learned yet. ``capacity_seen_queue``: the engine has queued so.
     learned_capacity: int | None = None
     capacity_seen_queue: bool = False
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once
     queue_rounds: int = 0  # consecutive rounds the engine reported a queue
+    pressed: bool = False  # a request came while it had no free slot, since the last round
 
     @property
     def key(self) -> str:

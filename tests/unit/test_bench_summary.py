@@ -12,6 +12,7 @@ from pharos.bench.records import TIMEOUT, RequestRecord
 from pharos.bench.report import Row, median, rows, verdict
 from pharos.bench.run import workload_args
 from pharos.bench.summary import Slo, distribution, hit_rate, percentile, summarize
+from pharos.sim.workloads import Request
 
 
 def rec(i: int, at: float = 1.0, *, ttft: float | None = 0.5, tpot: float | None = 0.05,
@@ -100,13 +101,51 @@ def test_send_lag_covers_counted_requests() -> None:
     assert summarize(records, 10.0)["send_lag_s"]["max"] == 0.5
 
 
+def _reqs(n: int, prompts: list[str] | None = None) -> list[Request]:
+    prompts = prompts or ["x"]
+    return [Request(i * 0.1, "m", ({"role": "user", "content": prompts[i % len(prompts)]},), 8)
+            for i in range(n)]
+
+
 def test_dispatch_is_deterministic() -> None:
     """Round robin cycles by request index; random is the same for the same seed only."""
-    assert assign(["a", "b", "c"], 5, "round-robin", 1) == ["a", "b", "c", "a", "b"]
-    first = assign(["a", "b", "c"], 50, "random", 7)
-    assert first == assign(["a", "b", "c"], 50, "random", 7)
-    assert first != assign(["a", "b", "c"], 50, "random", 8)
+    assert assign(["a", "b", "c"], _reqs(5), "round-robin", 1) == ["a", "b", "c", "a", "b"]
+    first = assign(["a", "b", "c"], _reqs(50), "random", 7)
+    assert first == assign(["a", "b", "c"], _reqs(50), "random", 7)
+    assert first != assign(["a", "b", "c"], _reqs(50), "random", 8)
     assert set(first) == {"a", "b", "c"}
+
+
+def test_prefix_aware_pins_each_prompt_to_its_first_engine() -> None:
+    """production-stack's prefixaware: a prompt seen before goes where its longest recorded
+    prefix went (a random one of those), load ignored; a new prompt to a random engine; the
+    same seed makes the same choices."""
+    shared = ["S" * 300 + f" question {i}" for i in range(3)]
+    other = ["T" * 300 + f" question {i}" for i in range(3)]
+    reqs = _reqs(60, [shared[0], other[0], shared[1], other[1], shared[2], other[2]])
+    urls = ["a", "b", "c", "d"]
+    out = assign(urls, reqs, "prefix-aware", 3)
+    assert out == assign(urls, reqs, "prefix-aware", 3)
+    assert len(set(out[0::2])) == 1  # every "S" prompt follows the first one
+    assert len(set(out[1::2])) == 1
+    # Over seeds, the first engine of a prompt is drawn from all of them.
+    firsts = {assign(urls, reqs, "prefix-aware", seed)[0] for seed in range(40)}
+    assert firsts == set(urls)
+
+
+def test_prefix_aware_follows_the_matching_prompt() -> None:
+    """Each prompt follows the engine that got its own prefix, not the other prompt's."""
+    def req(at: float, text: str) -> Request:
+        return Request(at, "m", ({"role": "user", "content": text},), 8)
+
+    reqs = [req(0.0, "A" * 256), req(0.1, "B" * 256), req(0.2, "A" * 256 + "?"),
+            req(0.3, "B" * 256 + "!")]
+    split = 0
+    for seed in range(30):
+        out = assign(["a", "b", "c"], reqs, "prefix-aware", seed)
+        assert (out[2], out[3]) == (out[0], out[1])
+        split += out[0] != out[1]
+    assert split  # the two prompts did land apart on some seeds
 
 
 def test_workload_arguments_parse_as_json_or_strings() -> None:

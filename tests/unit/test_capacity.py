@@ -1,6 +1,6 @@
 """Layer 1: capacity learned from what an engine reports (issue 10 item 3), on a Clock with a
-scripted vLLM (which exports no max-num-seqs): probing upward while Pharos has waiters and
-the engine no queue (and runs all but at most one of Pharos's requests), Running taken as the
+scripted vLLM (which exports no max-num-seqs): probing upward while requests wait in Pharos
+for the target and the engine has no queue, Running taken as the
 capacity when the engine queues (and no slot tried past it then), never below what it was
 seen running, hostile counts ignored, config and engine-reported capacity winning."""
 
@@ -26,11 +26,11 @@ def vllm() -> FakeBackend:
     })
 
 
-def report(engine: FakeBackend, running: object, waiting: object = 0) -> None:
+def report(engine: FakeBackend, running: object, waiting: object = 0, kv: float = 0.1) -> None:
     engine.answers["/metrics"] = (200, (
         f'vllm:num_requests_running{{model_name="m"}} {running}\n'
         f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
-        'vllm:kv_cache_usage_perc{model_name="m"} 0.1\n').encode())
+        f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n').encode())
 
 
 def rig(capacity: int | None = None) -> tuple[Scheduler, Clock, FakeBackend, Target]:
@@ -66,25 +66,43 @@ def test_probes_up_one_slot_a_round_while_pharos_waits_and_the_engine_does_not()
     assert sum(d.called for d in waiters) == t.inflight
 
 
-def test_leases_on_replies_the_engine_has_finished_are_not_slots_in_use() -> None:
+def test_a_wait_between_rounds_is_a_reason_to_probe() -> None:
+    """A burst that waited in Pharos and was served before the next round still adds a slot
+    (short requests come and go between rounds); a round with no wait adds none."""
+    sched, clock, engine, t = rig()
+    report(engine, 0)
+    clock.pump([1.0])
+    assert t.learned_capacity is None
+    d = hold(sched, 3)
+    assert [x.called for x in d] == [True, True, False]  # the third waited
+    leases: list[Lease] = []
+    for x in d:
+        x.addCallback(leases.append)
+    leases[0].release()
+    assert d[2].called
+    leases[1].release()
+    leases[2].release()
+    clock.pump([1.0])
+    assert t.learned_capacity == 3
+    clock.pump([1.0] * 3)
+    assert t.learned_capacity == 3
+
+
+def test_leases_on_replies_the_engine_has_finished_leave_room() -> None:
     """Pharos holds a lease until the client has the last byte, so its in-flight count can
     be far above the engine's Running (a slow client or relay; seen on a live vLLM: Running 0
-    with 9 leases held). Such rounds add no slot: the in-flight count stands in for at most
-    one request the engine has not counted yet."""
+    with 9 leases held). The engine has room then: requests waiting in Pharos with no engine
+    queue add a slot a round until the engine queues."""
     sched, clock, engine, t = rig()
     hold(sched, 20)
-    for _ in range(10):
+    for _ in range(5):
         report(engine, 0)
         clock.pump([1.0])
-    assert t.learned_capacity is None and t.inflight == 2
-    for _ in range(5):
-        report(engine, t.inflight - 2)
-        clock.pump([1.0])
-    assert t.learned_capacity is None
+    assert t.learned_capacity == 7 and t.inflight == 7
     for _ in range(3):
-        report(engine, t.inflight - 1)  # the one granted last is not running yet
+        report(engine, 7, 2)
         clock.pump([1.0])
-    assert t.learned_capacity == 5
+    assert t.learned_capacity == 7 and t.capacity_seen_queue
 
 
 def queued_at_six() -> tuple[Scheduler, Clock, FakeBackend, Target]:
@@ -122,6 +140,29 @@ def test_no_slot_is_tried_past_a_capacity_the_engine_queue_set() -> None:
     report(engine, 7, 0)
     clock.pump([1.0])
     assert t.learned_capacity == 7
+
+
+def test_a_queue_for_kv_blocks_sets_no_capacity() -> None:
+    """An engine that queues while its running requests hold (nearly) its whole KV pool is
+    waiting for blocks, not at its sequence cap: the capacity is not pinned there, the target
+    counts as full while the queue lasts, and once the queue drains and Pharos still has
+    waiters the probing goes on upward."""
+    sched, clock, engine, t = rig()
+    hold(sched, 30)
+    for _ in range(4):
+        report(engine, t.inflight)
+        clock.pump([1.0])
+    before = t.learned_capacity
+    assert before is not None and before >= 4
+    for _ in range(4):
+        report(engine, 3, t.inflight - 3, kv=0.97)
+        clock.pump([1.0])
+    assert t.learned_capacity == before and not t.capacity_seen_queue
+    assert sched.candidate(t, 0).free_slots == 0  # full at what it runs while it queues
+    for _ in range(4):
+        report(engine, t.inflight, 0, kv=0.5)
+        clock.pump([1.0])
+    assert t.learned_capacity is not None and t.learned_capacity >= before + 3
 
 
 def test_never_below_what_it_was_seen_running() -> None:

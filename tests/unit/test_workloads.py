@@ -379,3 +379,30 @@ def test_deterministic_across_processes() -> None:
         for r in generate(name, 5, 2.0, 30.0):
             here.update(json.dumps([r.at, r.session, r.tag, r.body()]).encode())
     assert digests == {here.hexdigest()}
+
+
+def test_start_burst_and_serial() -> None:
+    """``burst`` sends the first requests all at 0; ``serial`` spaces them ``start_gap`` apart
+    and shifts the rest after them, keeping the rest's gaps and every request's content."""
+    base = generate("w1", 3, 10.0, 20.0)
+    burst = generate("w1", 3, 10.0, 20.0, start="burst", start_requests=12)
+    serial = generate("w1", 3, 10.0, 20.0, start="serial", start_requests=8, start_gap=0.7)
+    assert [r.messages for r in burst] == [r.messages for r in base]
+    assert [r.messages for r in serial] == [r.messages for r in base]
+    assert [r.at for r in burst[:12]] == [0.0] * 12
+    assert [r.at for r in burst[12:]] == [r.at for r in base[12:]]
+    assert [r.at for r in serial[:8]] == pytest.approx([i * 0.7 for i in range(8)])
+    assert serial[8].at == pytest.approx(8 * 0.7)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(serial[8:])]
+    assert gaps == pytest.approx([b.at - a.at for a, b in itertools.pairwise(base[8:])])
+    assert generate("w1", 3, 10.0, 20.0, start="open") == base
+
+
+def test_start_arguments() -> None:
+    """An unknown start, a negative count or a gap that is not positive is refused."""
+    with pytest.raises(ValueError, match="unknown start"):
+        generate("w1", 1, 5.0, 5.0, start="slow")
+    with pytest.raises(ValueError, match="start_requests"):
+        generate("w1", 1, 5.0, 5.0, start="burst", start_requests=-1)
+    with pytest.raises(ValueError, match="start_gap"):
+        generate("w1", 1, 5.0, 5.0, start="serial", start_gap=0)
