@@ -21,8 +21,13 @@ Two policies share the signature (``POLICIES``):
 ``least-load``
     Utilization only (same tie rule), the escape hatch if the estimates misbehave on a fleet.
 
-Both compute every candidate's ``Score`` (for the decision log, the status page and tests) and
-neither ever picks a candidate that is set aside (a cold load that would not fit).
+Both report every candidate's ``Score`` (for explain, the status page and tests) and neither
+ever picks a candidate that is set aside (a cold load that would not fit). A pick computes only
+what selection reads, each candidate's estimate, utilization and set-aside reason, and the full
+terms of the candidates its reason names; the rest are built when ``Decision.scores`` is read.
+The estimate is written twice for that: in full in ``_Fleet.terms`` and inlined in the hot loop
+``_select_cost``. A new cost term goes in both (a ``Candidate`` field, its term in each est_ttft,
+and in ``Score`` to show it); a property test compares the two over every ``Candidate`` field.
 
 Unknown is ``None``, never 0: an unknown prefill speed, load time or service time falls back to
 the median over the candidates that know it, then to the documented default below, and the
@@ -50,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 PolicyName: TypeAlias = Literal["cost", "least-load"]
@@ -149,9 +154,9 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
             raise ValueError(f"unknown policy {self.name!r} (known: {', '.join(POLICIES)})")
-        for field in ("prefill_sec_per_token_default", "load_sec_default", "service_sec_default"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"{field} must be > 0: a missing signal never becomes 0")
+        for name in ("prefill_sec_per_token_default", "load_sec_default", "service_sec_default"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0: a missing signal never becomes 0")
         if not self.tie_window_sec >= 0:
             raise ValueError("tie_window_sec must be >= 0")
         if not 0 <= self.kv_pressure_threshold <= 1:
@@ -160,11 +165,16 @@ class PolicyConfig:
             raise ValueError("bounded_load_epsilon must be >= 0 (or None: off)")
 
 
-#: A score as a plain tuple in ``Score``'s field order: what the hot path builds (a frozen
+#: A score as a plain tuple in ``Score``'s field order: what a decision keeps (a frozen
 #: dataclass costs about 1 µs to construct, 64 of them most of the budget of a pick).
 ScoreTerms: TypeAlias = tuple[
     int, float | None, float, float, float, float, float, tuple[str, ...], str | None
 ]
+#: Positions in ``ScoreTerms`` the policy itself reads.
+_LOAD: Final = 3
+_PREFILL: Final = 4
+_KV_PENALTY: Final = 5
+_FALLBACKS: Final = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,22 +197,59 @@ class Score:
         return self.set_aside is None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Decision:
-    """Where the request goes, and why."""
+    """Where the request goes, and why.
+
+    Every candidate's full terms (``score_terms``, ``scores``) are built when first read: a
+    pick computes only what selection reads (each candidate's estimate and utilization and
+    whether it is set aside) and the full terms of the candidates its reason names. Building
+    all 64 candidates' terms on every pick was most of a decision (issue 10 item 6), and only
+    explain, the status page and tests read them; the scheduler reads ``target_terms``.
+    Equality and the hash cover the terms, so a decision is still a plain value."""
 
     target_id: int | None  # None: no feasible candidate (or none at all)
     enqueue: bool  # the target has no free slot (or none is feasible): wait in the fair queue
     reason: str  # for people: logs, headers, the status page
     why: Why | None  # the §13 route outcome; None without a target
-    score_terms: tuple[ScoreTerms, ...]  # per candidate, in the order of the candidates
+    #: The terms per candidate, or the pick's working set, which builds them on first read.
+    _terms: tuple[ScoreTerms, ...] | _Scored = field(repr=False)
     #: Guards that acted on this decision (``KV_WAIVED``, ``KV_DISCOUNTED``).
     guards: tuple[str, ...] = ()
+
+    @property
+    def score_terms(self) -> tuple[ScoreTerms, ...]:
+        """Per candidate, in the order of the candidates (built on the first read)."""
+        terms = self._terms
+        return terms if isinstance(terms, tuple) else terms.all_terms()
+
+    @property
+    def target_terms(self) -> ScoreTerms | None:
+        """The winner's terms, None without a target: the pick built them already, so reading
+        them builds no other candidate's."""
+        if self.target_id is None:
+            return None
+        terms = self._terms
+        if isinstance(terms, tuple):
+            return next((t for t in terms if t[0] == self.target_id), None)
+        return terms.terms_at(terms.win)
 
     @property
     def scores(self) -> tuple[Score, ...]:
         """Per candidate, in the order of the candidates (built on each access)."""
         return tuple(Score(*t) for t in self.score_terms)
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.target_id, self.enqueue, self.reason, self.why, self.score_terms,
+                self.guards)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 def _median(values: list[float]) -> float:
@@ -212,62 +259,92 @@ def _median(values: list[float]) -> float:
     return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def _fleet(values: list[float], default: float, field: str) -> tuple[float, str]:
+def _fleet(values: list[float], default: float, name: str) -> tuple[float, str]:
     """The fleet median of the known values, else the default; with its fallbacks entry."""
     if values:
-        return _median(values), f"{field}=median"
-    return default, f"{field}=default"
+        return _median(values), f"{name}=median"
+    return default, f"{name}=default"
 
 
-class _Scored:
-    """One pick's working set: the terms, and the columns selection reads."""
-
-    __slots__ = ("aside", "best", "est", "feasible", "kv_discounted", "kv_waived", "terms",
-                 "util")
-
-    def __init__(self) -> None:
-        self.kv_waived = False  # every (or nearly every) candidate was under KV pressure
-        self.kv_discounted = 0  # matches the guard discounted
-        self.terms: list[ScoreTerms] = []
-        self.est: list[float | None] = []
-        self.util: list[float] = []
-        self.feasible: list[int] = []  # indices of the candidates not set aside
-        self.best = math.inf  # the lowest est_ttft
-        self.aside: dict[str, int] = {}  # set_aside reason -> how many
+def _matched(matched_tokens: int, prompt: int) -> int:
+    """The tokens a match saves: the match estimate within 0..prompt (an estimate longer than
+    the prompt estimate never makes prefill negative)."""
+    if matched_tokens > prompt:
+        return prompt
+    return 0 if matched_tokens < 0 else matched_tokens
 
 
-def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> _Scored:
-    # The hot loop of every decision (64 candidates in the benchmark): names are bound to
-    # locals and the guards' fleet-wide inputs gathered in one pass before it.
-    prompt = req.prompt_tokens
-    threshold = cfg.kv_pressure_threshold
-    prefill_fleet: tuple[float, str] | None = None
-    load_fleet: tuple[float, str] | None = None
-    service_fleet: tuple[float, str] | None = None
-    out = _Scored()
-    terms, ests, utils, feasible = out.terms, out.est, out.util, out.feasible
-    add_term, add_est, add_util, add_feasible = (
-        terms.append, ests.append, utils.append, feasible.append)
-    best = math.inf
-    known = above = total_inflight = 0
-    for c in candidates:
-        total_inflight += c.inflight
-        kv = c.kv_usage
-        if kv is not None:
-            known += 1
-            if kv > threshold:
-                above += 1
-    n = len(candidates)
-    epsilon = cfg.bounded_load_epsilon if cfg.name == "cost" else None
-    bound = (_UNBOUNDED if epsilon is None or n < 2
-             else max(1, math.ceil((1 + epsilon) * (total_inflight + 1) / n)))
-    waived = out.kv_waived = threshold < 1 and known > 0 and (
-        known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
-    discounted = 0
-    for c in candidates:
+_UNBOUNDED: Final = 1 << 62
+
+
+class _Fleet:
+    """What every candidate's terms share in one pick: the prompt, the config, the guards'
+    fleet-wide inputs (gathered in one pass) and the fleet medians of unknown inputs (each
+    taken once, when first needed)."""
+
+    __slots__ = ("_load", "_prefill", "_service", "bound", "candidates", "cfg", "kv_discounted",
+                 "kv_waived", "prompt", "threshold")
+
+    def __init__(self, req: RouteReq, candidates: tuple[Candidate, ...], cfg: PolicyConfig
+                 ) -> None:
+        prompt = self.prompt = req.prompt_tokens
+        threshold = self.threshold = cfg.kv_pressure_threshold
+        self.cfg = cfg
+        self.candidates = candidates
+        self._load: tuple[float, str] | None = None
+        self._prefill: tuple[float, str] | None = None
+        self._service: tuple[float, str] | None = None
+        known = above = pressed = total_inflight = 0
+        for c in candidates:
+            total_inflight += c.inflight
+            kv = c.kv_usage
+            if kv is not None:
+                known += 1
+                if kv > threshold:
+                    above += 1
+                    if _matched(c.matched_tokens, prompt):
+                        pressed += 1
+        n = len(candidates)
+        epsilon = cfg.bounded_load_epsilon if cfg.name == "cost" else None
+        #: Bounded load: a candidate holding this many in-flight requests is set aside.
+        self.bound = (_UNBOUNDED if epsilon is None or n < 2
+                      else max(1, math.ceil((1 + epsilon) * (total_inflight + 1) / n)))
+        #: Every (or nearly every) candidate is under KV pressure: the guard is off for all.
+        self.kv_waived = threshold < 1 and known > 0 and (
+            known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
+        #: Matches the guard discounts.
+        self.kv_discounted = 0 if self.kv_waived else pressed
+
+    def service_sec(self) -> tuple[float, str]:
+        """The service time for a candidate that does not know its own, with its note."""
+        if self._service is None:
+            self._service = _fleet(
+                [v for c in self.candidates if (v := c.service_sec) is not None],
+                self.cfg.service_sec_default, "service_sec")
+        return self._service
+
+    def load_sec(self) -> tuple[float, str]:
+        """The load time for a candidate that does not know its own, with its note."""
+        if self._load is None:
+            self._load = _fleet(
+                [v for c in self.candidates if (v := c.load_sec) is not None],
+                self.cfg.load_sec_default, "load_sec")
+        return self._load
+
+    def prefill_sec_per_token(self) -> tuple[float, str]:
+        """The prefill speed for a candidate that does not know its own, with its note."""
+        if self._prefill is None:
+            self._prefill = _fleet(
+                [v for c in self.candidates if (v := c.prefill_sec_per_token) is not None],
+                self.cfg.prefill_sec_per_token_default, "prefill_sec_per_token")
+        return self._prefill
+
+    def terms(self, c: Candidate) -> ScoreTerms:
+        """One candidate's full terms: the formula of the module docstring, every term and
+        every input assumed. ``_select_cost`` inlines the same est_ttft without the rest (for
+        speed: it runs for every candidate of every pick); a change to a term goes in both,
+        and ``test_selection_estimates_equal_the_full_terms`` holds them together."""
         capacity = c.capacity
-        if capacity < 1:
-            raise ValueError(f"target {c.target_id}: capacity {capacity} < 1")
         fallbacks: tuple[str, ...] = ()
         set_aside: str | None = None
         free = c.free_slots
@@ -277,11 +354,7 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
         else:
             service = c.service_sec
             if service is None:
-                if service_fleet is None:
-                    service_fleet = _fleet(
-                        [v for x in candidates if (v := x.service_sec) is not None],
-                        cfg.service_sec_default, "service_sec")
-                service, note = service_fleet
+                service, note = self.service_sec()
                 fallbacks = (note,)
             wait = (c.queue_ahead + 1) / capacity * service + c.queued_prefill_sec
 
@@ -290,18 +363,124 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
             fits = c.fits_if_cold
             if fits is False:
                 set_aside = SET_ASIDE_WONT_FIT
-                out.aside[set_aside] = out.aside.get(set_aside, 0) + 1
             elif fits is None:
                 fallbacks = (*fallbacks, FITS_IF_COLD_UNKNOWN)
             load_sec = c.load_sec
             if load_sec is None:
-                if load_fleet is None:
-                    load_fleet = _fleet(
-                        [v for x in candidates if (v := x.load_sec) is not None],
-                        cfg.load_sec_default, "load_sec")
-                load_sec, note = load_fleet
+                load_sec, note = self.load_sec()
                 fallbacks = (*fallbacks, note)
             load = load_sec
+
+        prompt = self.prompt
+        matched = _matched(c.matched_tokens, prompt)
+        per_token = c.prefill_sec_per_token
+        if per_token is None:
+            per_token, note = self.prefill_sec_per_token()
+            if prompt > 0:
+                fallbacks = (*fallbacks, note)
+        prefill = (prompt - matched) * per_token
+
+        kv_penalty = 0.0
+        if matched:
+            kv = c.kv_usage
+            threshold = self.threshold
+            if kv is None:
+                fallbacks = (*fallbacks, KV_USAGE_UNKNOWN)
+            elif kv > threshold and not self.kv_waived:
+                distrust = (kv - threshold) / (1.0 - threshold)
+                if distrust > 1.0:
+                    distrust = 1.0
+                kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
+
+        if set_aside is None and c.inflight >= self.bound:
+            set_aside = SET_ASIDE_BOUNDED_LOAD
+        util = (capacity - free + c.queue_ahead) / capacity
+        est = None if set_aside is not None else wait + load + prefill + kv_penalty
+        return (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside)
+
+
+class _Scored:
+    """One pick's working set: the columns selection reads, and the full terms of any
+    candidate, built when asked for (``terms_at``, ``all_terms``) and kept."""
+
+    __slots__ = ("_all", "_some", "aside", "best", "candidates", "est", "feasible", "fleet",
+                 "util", "win")
+
+    def __init__(self, fleet: _Fleet) -> None:
+        self.fleet = fleet
+        self.candidates = fleet.candidates
+        # Per candidate, filled in by index (cheaper than appending).
+        n = len(fleet.candidates)
+        self.est: list[float | None] = [None] * n  # None: set aside (or not computed)
+        self.util: list[float] = [0.0] * n
+        self.feasible: list[int] = []  # indices of the candidates not set aside
+        self.best = math.inf  # the lowest est_ttft
+        self.aside: dict[str, int] = {}  # set_aside reason -> how many
+        self.win = -1  # the winner's index, once picked
+        self._some: dict[int, ScoreTerms] = {}
+        self._all: tuple[ScoreTerms, ...] | None = None
+
+    def terms_at(self, i: int) -> ScoreTerms:
+        """The full terms of candidate ``i``."""
+        terms = self._some.get(i)
+        if terms is None:
+            terms = self._some[i] = self.fleet.terms(self.candidates[i])
+        return terms
+
+    def all_terms(self) -> tuple[ScoreTerms, ...]:
+        """Every candidate's full terms, in the order of the candidates."""
+        if self._all is None:
+            some, terms = self._some, self.fleet.terms
+            self._all = tuple(some.get(i) or terms(c) for i, c in enumerate(self.candidates))
+        return self._all
+
+
+def _capacity_error(c: Candidate) -> ValueError:
+    return ValueError(f"target {c.target_id}: capacity {c.capacity} < 1")
+
+
+def _select_cost(fleet: _Fleet) -> _Scored:
+    """Each candidate's est_ttft and utilization, and which are set aside: what cost's
+    selection reads, and nothing else (no fallbacks, no per-term record). The hot loop of
+    every decision (64 candidates in the benchmark): it inlines ``_Fleet.terms``' arithmetic,
+    same terms added in the same order, and binds names to locals."""
+    out = _Scored(fleet)
+    ests, utils, aside, add_feasible = out.est, out.util, out.aside, out.feasible.append
+    prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
+    waived = fleet.kv_waived
+    service_median = load_median = per_token_median = -1.0  # < 0: not taken yet
+    best = math.inf
+    for i, c in enumerate(fleet.candidates):
+        capacity = c.capacity
+        if capacity < 1:
+            raise _capacity_error(c)
+        free = c.free_slots
+        utils[i] = (capacity - free + c.queue_ahead) / capacity
+
+        if c.warm is False and not c.loading:
+            if c.fits_if_cold is False:
+                aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
+                continue
+            load = c.load_sec
+            if load is None:
+                if load_median < 0:
+                    load_median = fleet.load_sec()[0]
+                load = load_median
+        else:
+            load = 0.0
+        if c.inflight >= bound:
+            aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
+            continue
+
+        if free > 0:
+            wait = c.queued_prefill_sec
+        else:
+            service = c.service_sec
+            if service is None:
+                if service_median < 0:
+                    service_median = fleet.service_sec()[0]
+                service = service_median
+            wait = (c.queue_ahead + 1) / capacity * service + c.queued_prefill_sec
 
         matched = c.matched_tokens
         if matched > prompt:
@@ -310,56 +489,66 @@ def _score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) ->
             matched = 0
         per_token = c.prefill_sec_per_token
         if per_token is None:
-            if prefill_fleet is None:
-                prefill_fleet = _fleet(
-                    [v for x in candidates if (v := x.prefill_sec_per_token) is not None],
-                    cfg.prefill_sec_per_token_default, "prefill_sec_per_token")
-            per_token, note = prefill_fleet
-            if prompt > 0:
-                fallbacks = (*fallbacks, note)
+            if per_token_median < 0:
+                per_token_median = fleet.prefill_sec_per_token()[0]
+            per_token = per_token_median
         prefill = (prompt - matched) * per_token
 
         kv_penalty = 0.0
         if matched:
             kv = c.kv_usage
-            if kv is None:
-                fallbacks = (*fallbacks, KV_USAGE_UNKNOWN)
-            elif kv > threshold and not waived:
+            if kv is not None and kv > threshold and not waived:
                 distrust = (kv - threshold) / (1.0 - threshold)
                 if distrust > 1.0:
                     distrust = 1.0
                 kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
-                discounted += 1
 
-        if set_aside is None and c.inflight >= bound:
-            set_aside = SET_ASIDE_BOUNDED_LOAD
-            out.aside[set_aside] = out.aside.get(set_aside, 0) + 1
-        util = (capacity - free + c.queue_ahead) / capacity
-        est: float | None = None
-        if set_aside is None:
-            est = wait + load + prefill + kv_penalty
-            if est < best:
-                best = est
-            add_feasible(len(terms))
-        add_term(
-            (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside))
-        add_est(est)
-        add_util(util)
+        est = wait + load + prefill + kv_penalty
+        if est < best:
+            best = est
+        add_feasible(i)
+        ests[i] = est
     out.best = best
-    out.kv_discounted = discounted
-    if not feasible and out.aside.get(SET_ASIDE_BOUNDED_LOAD):
+    if not out.feasible and aside.get(SET_ASIDE_BOUNDED_LOAD):
         # The guard never leaves no target: without it, every other one is infeasible anyway.
-        return _score(req, candidates, replace(cfg, bounded_load_epsilon=None))
+        fleet.bound = _UNBOUNDED
+        return _select_cost(fleet)
     return out
 
 
-_UNBOUNDED: Final = 1 << 62
+def _select_least_load(fleet: _Fleet) -> _Scored:
+    """Each candidate's utilization, and which are set aside: all least-load's selection
+    reads (the bound is off under the least-load config, so only a cold load that won't fit
+    is set aside there)."""
+    out = _Scored(fleet)
+    utils, aside, add_feasible = out.util, out.aside, out.feasible.append
+    bound = fleet.bound
+    for i, c in enumerate(fleet.candidates):
+        capacity = c.capacity
+        if capacity < 1:
+            raise _capacity_error(c)
+        utils[i] = (capacity - c.free_slots + c.queue_ahead) / capacity
+        if c.warm is False and not c.loading and c.fits_if_cold is False:
+            aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
+        elif c.inflight >= bound:
+            aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
+        else:
+            add_feasible(i)
+    if not out.feasible and aside.get(SET_ASIDE_BOUNDED_LOAD):
+        fleet.bound = _UNBOUNDED  # as in _select_cost
+        return _select_least_load(fleet)
+    return out
+
+
+def _select(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> _Scored:
+    fleet = _Fleet(req, tuple(candidates), cfg)
+    return (_select_cost if cfg.name == "cost" else _select_least_load)(fleet)
 
 
 def score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> tuple[Score, ...]:
     """Every candidate's cost terms, in the order of the candidates (both policies report
     them; ``Decision.scores`` holds the same)."""
-    return tuple(Score(*t) for t in _score(req, candidates, cfg).terms)
+    return tuple(Score(*t) for t in _select(req, candidates, cfg).all_terms())
 
 
 def rank(seed: int, target_id: int) -> int:
@@ -392,10 +581,10 @@ def _break_tie(
 
 
 def _no_target(scored: _Scored) -> Decision:
-    if not scored.terms:
+    if not scored.candidates:
         return Decision(None, False, "no candidates", None, ())
     reason = f"no feasible target: {_set_aside_note(scored)}"
-    return Decision(None, True, reason, None, tuple(scored.terms))
+    return Decision(None, True, reason, None, scored)
 
 
 def _set_aside_note(scored: _Scored) -> str:
@@ -420,34 +609,30 @@ def _label(c: Candidate) -> str:
     return state if c.free_slots > 0 else f"{state}, full"
 
 
-def _decide(
-    candidates: Sequence[Candidate],
-    scored: _Scored,
-    win: int,
-    why: Why,
-    parts: list[str],
-) -> Decision:
-    c = candidates[win]
+def _decide(scored: _Scored, win: int, why: Why, parts: list[str]) -> Decision:
+    c = scored.candidates[win]
+    scored.win = win
     enqueue = c.free_slots <= 0
     if enqueue:
         parts.append("queued: no free slot")
     if scored.aside:
         parts.append(_set_aside_note(scored))
-    fallbacks = scored.terms[win][7]
+    fallbacks = scored.terms_at(win)[_FALLBACKS]
     if fallbacks:
         parts.append("assumed " + ", ".join(fallbacks))
     guards: tuple[str, ...] = ()
-    if scored.kv_waived:
+    fleet = scored.fleet
+    if fleet.kv_waived:
         guards = (KV_WAIVED,)
         parts.append("kv pressure waived (every candidate above the threshold)")
-    elif scored.kv_discounted:
+    elif fleet.kv_discounted:
         guards = (KV_DISCOUNTED,)
-        parts.append(f"kv pressure discounted {scored.kv_discounted} match"
-                     + ("es" if scored.kv_discounted > 1 else ""))
-    return Decision(c.target_id, enqueue, ", ".join(parts), why, tuple(scored.terms), guards)
+        parts.append(f"kv pressure discounted {fleet.kv_discounted} match"
+                     + ("es" if fleet.kv_discounted > 1 else ""))
+    return Decision(c.target_id, enqueue, ", ".join(parts), why, scored, guards)
 
 
-def _why(candidates: Sequence[Candidate], scored: _Scored, win: int, s: Score) -> Why:
+def _why(scored: _Scored, win: int) -> Why:
     """What the cost winner saved against the least utilized alternative (spec §13 ``route``).
 
     The reference is the least utilized feasible target other than the winner, the lowest
@@ -456,21 +641,21 @@ def _why(candidates: Sequence[Candidate], scored: _Scored, win: int, s: Score) -
     Otherwise ``warm`` if the load it avoids is the larger saving, ``cache`` if the prefill its
     cached prefix avoids is, and ``least_loaded`` if it saved neither (it won on wait or on
     prefill speed)."""
-    util, ests, terms = scored.util, scored.est, scored.terms
-    low = min(util[i] for i in scored.feasible)
-    ref, ref_key = -1, (math.inf, 0)
-    for i in scored.feasible:
-        if i != win and util[i] == low:
-            key = (ests[i] or 0.0, candidates[i].target_id)
-            if ref < 0 or key < ref_key:
-                ref, ref_key = i, key
+    candidates, util, ests, feasible = scored.candidates, scored.util, scored.est, scored.feasible
+    low = min(map(util.__getitem__, feasible))
+    ref, ref_est, ref_id = -1, 0.0, 0
+    for i in feasible:
+        if util[i] == low and i != win:
+            est, tid = ests[i] or 0.0, candidates[i].target_id
+            if ref < 0 or est < ref_est or (est == ref_est and tid < ref_id):
+                ref, ref_est, ref_id = i, est, tid
     if ref < 0:
         return "least_loaded"
-    r = Score(*terms[ref])
-    warm_saved = r.load - s.load
+    r, s = scored.terms_at(ref), scored.terms_at(win)
+    warm_saved = r[_LOAD] - s[_LOAD]
     cache_saved = 0.0
     if candidates[win].matched_tokens > 0:
-        cache_saved = (r.prefill + r.kv_penalty) - (s.prefill + s.kv_penalty)
+        cache_saved = (r[_PREFILL] + r[_KV_PENALTY]) - (s[_PREFILL] + s[_KV_PENALTY])
     if warm_saved <= 0 and cache_saved <= 0:
         return "least_loaded"
     return "cache" if cache_saved > warm_saved else "warm"
@@ -479,7 +664,8 @@ def _why(candidates: Sequence[Candidate], scored: _Scored, win: int, s: Score) -
 def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest estimated TTFT wins; ties within the window go to lower utilization, then to
     the request's seed. Enqueue when the winner has no free slot."""
-    scored = _score(req, candidates, cfg)
+    scored = _select_cost(_Fleet(req, tuple(candidates), cfg))
+    candidates = scored.candidates
     ests, feasible = scored.est, len(scored.feasible)
     if not feasible:
         return _no_target(scored)
@@ -490,8 +676,8 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     else:
         ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
         win, tie = _break_tie(ties, candidates, scored.util, req.seed)
-    c, s = candidates[win], Score(*scored.terms[win])
-    assert s.est_ttft is not None
+    c, win_est = candidates[win], ests[win]
+    assert win_est is not None
 
     why: Why
     if feasible == 1:
@@ -499,7 +685,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     elif sticky is not None and (ests[win] or 0.0) > limit:
         why = "affinity"
     else:
-        why = _why(candidates, scored, win, s)
+        why = _why(scored, win)
     parts = ["only choice", _label(c)] if why == "only_choice" else [_label(c)]
     if sticky is not None:
         parts.insert(0, "session affinity")
@@ -512,13 +698,13 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
         if i != win and est is not None and (runner < 0 or est < runner_est):
             runner, runner_est = i, est
     if runner < 0:
-        parts.append(f"est {_secs(s.est_ttft)}")
+        parts.append(f"est {_secs(win_est)}")
     else:
-        parts.append(f"est {_secs(s.est_ttft)} vs {_secs(runner_est)} "
+        parts.append(f"est {_secs(win_est)} vs {_secs(runner_est)} "
                      f"({_label(candidates[runner])})")
     if tie is not None:
         parts.append(f"tie within {_secs(cfg.tie_window_sec)} broken by {tie}")
-    return _decide(candidates, scored, win, why, parts)
+    return _decide(scored, win, why, parts)
 
 
 def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
@@ -556,7 +742,8 @@ def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
 def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest utilization wins (ties to the request's seed), among feasible candidates
     only. Enqueue when the winner has no free slot."""
-    scored = _score(req, candidates, cfg)
+    scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
+    candidates = scored.candidates
     if not scored.feasible:
         return _no_target(scored)
     win, tie = _break_tie(scored.feasible, candidates, scored.util, req.seed)
@@ -575,7 +762,7 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
                      f"({_label(candidates[runner])})")
     if tie == "seed":
         parts.append("equal utilization broken by seed")
-    return _decide(candidates, scored, win, why, parts)
+    return _decide(scored, win, why, parts)
 
 
 #: Policy name (config ``policy:``) to its function. Adding a policy means adding one function.

@@ -351,7 +351,8 @@ class Scheduler:
         target.inflight += 1
         req = w.req
         match = placed.matches.get(target.id)
-        terms = next(t for t in decision.score_terms if t[0] == target.id)
+        terms = decision.target_terms
+        assert terms is not None
         lease = Lease(self, target, decision, waited=not w.arriving, cold=placed.cold[target.id],
                       chain=req.chain,
                       predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,

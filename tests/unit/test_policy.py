@@ -5,6 +5,8 @@ purity, and hypothesis properties."""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -648,3 +650,93 @@ def test_needed_terms_are_never_zero(req: RouteReq, cands: list[Candidate]) -> N
         assert (s.prefill > 0) == (req.prompt_tokens > c.matched_tokens)
         assert (s.wait > 0) == (c.free_slots <= 0)
         assert (s.load > 0) == (c.warm is False and not c.loading)
+
+
+# --- terms built when read ------------------------------------------------------------------
+
+#: Strategies for the ``Candidate`` fields whose range matters; any other field is varied by
+#: its type (``BY_TYPE``), so a field added later is varied here without editing this test.
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "target_id": st.integers(0, 1000),
+    "capacity": st.integers(1, 8),
+    "free_slots": st.integers(-2, 8),
+    "queue_ahead": st.integers(0, 10),
+    "kv_usage": _opt(st.sampled_from([0.0, 0.5, 0.9, 0.95, 1.0]) | st.floats(0.0, 1.0)),
+    "matched_tokens": st.integers(-5, 6000),
+    "prefill_sec_per_token": _opt(st.floats(1e-4, 0.05)),
+    "inflight": st.integers(0, 8),
+}
+BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
+    "int": st.integers(0, 10_000),
+    "float": st.floats(0.0, 60.0),
+    "bool": st.booleans(),
+    "int | None": _opt(st.integers(0, 10_000)),
+    "float | None": _opt(st.floats(0.1, 60.0)),
+    "bool | None": _opt(st.booleans()),
+}
+EVERY_FIELD = {f.name: FIELDS[f.name] if f.name in FIELDS else BY_TYPE.get(str(f.type))
+               for f in dataclasses.fields(Candidate)}
+every_field_fleets = st.lists(
+    st.builds(Candidate, **{k: v for k, v in EVERY_FIELD.items() if v is not None}),
+    max_size=10, unique_by=lambda c: c.target_id)
+guard_configs = st.builds(
+    PolicyConfig, name=st.sampled_from(["cost", "least-load"]),
+    kv_pressure_threshold=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    bounded_load_epsilon=st.sampled_from([None, 0.0, 1.0]))
+
+
+def test_every_candidate_field_is_varied() -> None:
+    """The full-terms property below varies every Candidate field (by its type when FIELDS
+    does not name it), so a new input priced in one of the two estimates and not the other
+    makes it fail."""
+    assert [name for name, strategy in EVERY_FIELD.items() if strategy is None] == []
+
+
+@given(requests, every_field_fleets, guard_configs)
+def test_selection_estimates_equal_the_full_terms(
+    req: RouteReq, cands: list[Candidate], cfg: PolicyConfig
+) -> None:
+    """What a pick selects on (each candidate's est_ttft under cost, its utilization, which
+    candidates are set aside and why, computed in the hot loop without the other terms) is
+    exactly what the full terms built on reading say, whatever the fleet, guards and policy."""
+    scored = policy._select(req, cands, cfg)
+    terms = scored.all_terms()
+    assert [t[0] for t in terms] == [c.target_id for c in cands]
+    assert scored.feasible == [i for i, t in enumerate(terms) if t[8] is None]
+    assert scored.util == [t[6] for t in terms]
+    aside: dict[str, int] = {}
+    for t in terms:
+        if t[8] is not None:
+            aside[t[8]] = aside.get(t[8], 0) + 1
+    assert scored.aside == aside
+    if cfg.name == "cost":
+        assert scored.est == [t[1] for t in terms]
+        assert scored.best == min((e for e in scored.est if e is not None), default=math.inf)
+
+
+@pytest.mark.parametrize("cfg", [COST, LEAST], ids=["cost", "least-load"])
+def test_target_terms_are_the_winners_terms(cfg: PolicyConfig) -> None:
+    """Decision.target_terms (what the scheduler reads for the lease) is the winner's entry of
+    the full terms, read without building the other candidates' first; None without a
+    target."""
+    cands = [cand(1, warm=False), cand(2, matched_tokens=600, prefill_sec_per_token=None),
+             cand(3, free_slots=0)]
+    d = pick(REQ, cands, cfg)
+    winner = d.target_terms
+    assert winner is not None and winner[0] == d.target_id
+    (entry,) = [t for t in d.score_terms if t[0] == d.target_id]
+    assert winner == entry
+    assert pick(REQ, [cand(1, warm=False, fits_if_cold=False)], cfg).target_terms is None
+    assert pick(REQ, [], cfg).target_terms is None
+
+
+def test_decisions_compare_by_their_terms() -> None:
+    """Decisions stay plain values though their terms are built when read: equal decisions
+    hash alike, and two that differ only in a set-aside candidate's load time (same target,
+    same reason) are not equal."""
+    cands = [cand(1), cand(2, warm=False, fits_if_cold=False, load_sec=5.0)]
+    d = pick(REQ, cands, COST)
+    assert d == pick(REQ, cands, COST) and hash(d) == hash(pick(REQ, cands, COST))
+    other = pick(REQ, [cands[0], cand(2, warm=False, fits_if_cold=False, load_sec=6.0)], COST)
+    assert (other.target_id, other.reason) == (d.target_id, d.reason)
+    assert other != d
