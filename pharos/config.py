@@ -293,6 +293,8 @@ class Routing:
     kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
     hot_prefix_utilization: float | None = UTILIZATION
     session_affinity: bool = True
+    #: Price the live prefixes a prompt would push out of a small cache (``pharos.retention``).
+    eviction_pricing: bool = True
     prefix_entries: int = DEFAULT_CAPACITY
 
 
@@ -615,7 +617,7 @@ class _Parser:
         if raw is None:
             return Routing()
         known = ("bounded_load_epsilon", "kv_pressure_threshold", "hot_prefix_utilization",
-                 "session_affinity", "prefix_entries")
+                 "session_affinity", "eviction_pricing", "prefix_entries")
         m = self.mapping(raw, "routing", known)
         if m is None:
             return Routing()
@@ -641,14 +643,15 @@ class _Parser:
         if "kv_pressure_threshold" in out and out["kv_pressure_threshold"] is None:
             out["kv_pressure_threshold"] = 1.0  # null: off, which 1.0 means to the policy
         number("hot_prefix_utilization", 0.01, 1.0, True)
-        if "session_affinity" in m:
-            if m["session_affinity"] is None:
-                out["session_affinity"] = False  # null: off, like every guard
-            elif isinstance(m["session_affinity"], bool):
-                out["session_affinity"] = m["session_affinity"]
+        for name in ("session_affinity", "eviction_pricing"):
+            if name not in m:
+                continue
+            if m[name] is None:
+                out[name] = False  # null: off, like every guard
+            elif isinstance(m[name], bool):
+                out[name] = m[name]
             else:
-                self.expected("routing.session_affinity", "true, false or null (off)",
-                              m["session_affinity"])
+                self.expected(f"routing.{name}", "true, false or null (off)", m[name])
         if m.get("prefix_entries") is not None:  # not a guard: null is the default
             entries = self.integer(m["prefix_entries"], "routing.prefix_entries")
             out["prefix_entries"] = entries if entries is not None else base.prefix_entries

@@ -98,6 +98,7 @@ def schema() -> dict[str, Any]:
                 "hot_prefix_utilization": {"type": ["number", "null"], "minimum": 0.01,
                                            "maximum": 1},
                 "session_affinity": {"type": ["boolean", "null"]},
+                "eviction_pricing": {"type": ["boolean", "null"]},
                 "prefix_entries": {"type": ["integer", "null"], "minimum": 1},
             }, description="the cost policy's guards; null turns a guard off"),
             "timeouts": _object({

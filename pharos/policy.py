@@ -12,7 +12,11 @@ Two policies share the signature (``POLICIES``):
     The estimated time to first token in seconds, ``est_ttft = wait + load + prefill`` plus a
     KV-pressure penalty (above ``kv_pressure_threshold`` part of the prefill a prefix match
     saves is added back in proportion, ``KV_DISTRUST_MAX`` of it at 100 % usage: the cache is
-    likely to be evicted, so the match is trusted less). ``wait`` is the prefill Pharos has
+    likely to be evicted, so the match is trusted less), plus ``evict``: the prefill later
+    requests will pay for the live prefixes that taking this prompt in pushes out of the only
+    cache holding them (``Candidate.evict_tokens``, priced at the target's speed; a small
+    cache that holds a few system prompts otherwise gets each new one it is idle enough to
+    win, and the ones it drops pay later). ``wait`` is the prefill Pharos has
     already sent the target and that has not produced a first byte yet (engines compute prompts
     in arrival order, so a free slot behind three long prompts still waits for them), plus,
     without a free slot, the slot wait of spec §7. The lowest wins; costs within
@@ -132,6 +136,9 @@ class Candidate:
     #: Estimated prefill seconds of Pharos's requests on the target still without a first
     #: byte: a new prompt is computed after them (engines prefill in arrival order).
     queued_prefill_sec: float = 0.0
+    #: Tokens of live prefixes taking this prompt in would push out of the only cache that
+    #: holds them (``pharos.retention``): a later request pays their prefill.
+    evict_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +175,14 @@ class PolicyConfig:
 #: A score as a plain tuple in ``Score``'s field order: what a decision keeps (a frozen
 #: dataclass costs about 1 µs to construct, 64 of them most of the budget of a pick).
 ScoreTerms: TypeAlias = tuple[
-    int, float | None, float, float, float, float, float, tuple[str, ...], str | None
+    int, float | None, float, float, float, float, float, tuple[str, ...], str | None, float
 ]
 #: Positions in ``ScoreTerms`` the policy itself reads.
 _LOAD: Final = 3
 _PREFILL: Final = 4
 _KV_PENALTY: Final = 5
 _FALLBACKS: Final = 7
+_EVICT: Final = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +190,7 @@ class Score:
     """One candidate's terms, in seconds."""
 
     target_id: int
-    est_ttft: float | None  # wait + load + prefill + kv_penalty; None when set aside
+    est_ttft: float | None  # wait + load + prefill + kv_penalty + evict; None when set aside
     wait: float
     load: float
     prefill: float  # uncached tokens only
@@ -190,6 +198,9 @@ class Score:
     utilization: float  # (capacity - free_slots + queue_ahead) / capacity
     fallbacks: tuple[str, ...] = ()  # "<input>=median" / "=default" / "=unknown", as used
     set_aside: str | None = None  # why the candidate cannot be picked
+    #: The prefill later requests pay for the live prefixes taking this prompt in pushes out
+    #: of the only cache holding them (``Candidate.evict_tokens`` at this target's speed).
+    evict: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -395,8 +406,10 @@ class _Fleet:
         if set_aside is None and c.inflight >= self.bound:
             set_aside = SET_ASIDE_BOUNDED_LOAD
         util = (capacity - free + c.queue_ahead) / capacity
-        est = None if set_aside is not None else wait + load + prefill + kv_penalty
-        return (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside)
+        evict = c.evict_tokens * per_token
+        est = None if set_aside is not None else wait + load + prefill + kv_penalty + evict
+        return (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside,
+                evict)
 
 
 class _Scored:
@@ -503,7 +516,7 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                     distrust = 1.0
                 kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
 
-        est = wait + load + prefill + kv_penalty
+        est = wait + load + prefill + kv_penalty + c.evict_tokens * per_token
         if est < best:
             best = est
         add_feasible(i)
@@ -655,7 +668,8 @@ def _why(scored: _Scored, win: int) -> Why:
     warm_saved = r[_LOAD] - s[_LOAD]
     cache_saved = 0.0
     if candidates[win].matched_tokens > 0:
-        cache_saved = (r[_PREFILL] + r[_KV_PENALTY]) - (s[_PREFILL] + s[_KV_PENALTY])
+        cache_saved = ((r[_PREFILL] + r[_KV_PENALTY] + r[_EVICT])
+                       - (s[_PREFILL] + s[_KV_PENALTY] + s[_EVICT]))
     if warm_saved <= 0 and cache_saved <= 0:
         return "least_loaded"
     return "cache" if cache_saved > warm_saved else "warm"
@@ -720,7 +734,7 @@ def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
 
 
 #: The cost terms ``deciding_term`` compares.
-TERMS: Final = ("wait", "load", "prefill", "kv_penalty")
+TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict")
 
 
 def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:

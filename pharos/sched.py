@@ -35,6 +35,7 @@ from pharos.prefix import (
     classify,
     drop_oldest,
 )
+from pharos.retention import RootCaches
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
@@ -53,6 +54,11 @@ QUEUE_ROUNDS = 2
 #: an engine queue is taken as waiting for blocks, not for a sequence slot (assumed: a pool
 #: this full has no room for one more prompt of a few percent of it).
 KV_BOUND_USAGE = 0.8
+#: Rounds in a row with requests finding a target full and its engine queueing nothing before
+#: a capacity an engine queue set is tried past again: a queue seen once (a burst at start, a
+#: stalled VM) pinned a 64-sequence engine at 4 slots for good. At a real --max-num-seqs the
+#: retry parks one request in the engine's queue for two rounds every this many (assumed).
+REPROBE_ROUNDS = 10
 #: Where a target's capacity came from (explain, doctor).
 CAPACITY_ENGINE, CAPACITY_CONFIG, CAPACITY_LEARNED, CAPACITY_DEFAULT = (
     "engine", "config", "learned", "default")
@@ -100,6 +106,9 @@ class Guards:
     #: no spreading.
     hot_prefix_utilization: float | None = UTILIZATION
     sessions: int = SESSIONS
+    #: Price the live roots a prompt would push out of the only cache holding them
+    #: (``pharos.retention``); False: off.
+    eviction_pricing: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +143,9 @@ class Lease:
     prefill_window_sec: float | None = None
     granted_at: float = 0.0
     moved_at: float | None = None  # the last byte of its reply relayed (the watchdog's clue)
+    #: Root tokens of the other roots sent to the target since this root was last used there
+    #: (None: it was not held there): what the reply's cached tokens teach retention.
+    root_ahead: int | None = None
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
@@ -202,6 +214,8 @@ class Scheduler:
         self.index = index if index is not None else PrefixIndex()
         self.guards = guards or Guards()
         self.hot = HotPrefixes()
+        self.roots = RootCaches()
+        self._root_gens: dict[int, int] = {}  # target -> the generation its roots were sent to
         # A plain dict in LRU order (an OrderedDict of 100k sessions was 17 MB, this is 9).
         self.sessions: dict[int, int] = {}
         #: Every finished request's prefix outcome (spec §13 ``prefix``).
@@ -363,20 +377,29 @@ class Scheduler:
         now = self.state.clock.seconds()
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
-        self._dispatched(req, target)
+        lease.root_ahead = self._dispatched(req, target)
         return lease
 
-    def _dispatched(self, req: SchedRequest, target: Target) -> None:
-        """Count the root's demand and remember the session's target."""
+    def _dispatched(self, req: SchedRequest, target: Target) -> int | None:
+        """Count the root's demand, note the root in the target's cache and remember the
+        session's target. Returns ``RootCaches.sent``'s answer."""
         now = self.state.clock.seconds()
-        if req.chain and self.guards.hot_prefix_utilization is not None:
-            service = target.stats.service_sec.value or self.policy.service_sec_default
-            self.hot.add(req.chain.keys[0], service, now)
+        ahead = None
+        if req.chain:
+            root = req.chain.keys[0]
+            if self.guards.hot_prefix_utilization is not None:
+                service = target.stats.service_sec.value or self.policy.service_sec_default
+                self.hot.add(root, service, now)
+            if self._root_gens.get(target.id) != target.gen:
+                self.roots.forget(target.id)  # a new engine process: its cache started empty
+                self._root_gens[target.id] = target.gen
+            ahead = self.roots.sent(target.id, root, req.chain.ends[0] // BYTES_PER_TOKEN, now)
         if req.session is not None and self.policy.session_affinity:
             self.sessions.pop(req.session, None)
             self.sessions[req.session] = target.id
             if len(self.sessions) > self.guards.sessions:
                 drop_oldest(self.sessions, self.guards.sessions)
+        return ahead
 
     def unqueue(self, lease: Lease) -> None:
         """The lease's prefill is done (or abandoned): off its target's queue."""
@@ -405,6 +428,8 @@ class Scheduler:
             return
         if sample.control:
             return
+        self.roots.learn(t.id, chain.ends[0] // BYTES_PER_TOKEN, lease.root_ahead,
+                         sample.cached_tokens)
         predicted = lease.predicted_tokens or None
         outcome = classify(predicted, sample.cached_tokens)
         self.outcomes[outcome] += 1
@@ -424,11 +449,13 @@ class Scheduler:
         """The policy's decision over the candidates as they are now (no state changes)."""
         queued = sum(1 for q in self._queues.values() for w in q if w.req.model == req.model)
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
+        stale = self._evicted_since(req, matches) if matches else ()
         cands = []
         cold: dict[int, bool] = {}
         for t in targets:
             m = matches.get(t.id)
-            c = self.candidate(t, queued, m.matched_bytes // BYTES_PER_TOKEN if m else 0)
+            matched = m.matched_bytes // BYTES_PER_TOKEN if m and t.id not in stale else 0
+            c = self.candidate(t, queued, matched)
             cold[t.id] = c.warm is False and not c.loading
             cands.append(c)
         owners = self._hot_owners(req, cands, matches)
@@ -436,11 +463,51 @@ class Scheduler:
             root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
             cands = [dataclasses.replace(c, matched_tokens=root_tokens)
                      if c.target_id in owners else c for c in cands]
+        if req.chain and self.guards.eviction_pricing and len(cands) > 1:
+            evict = self._evictions(req, cands, matches, owners)
+            if evict:
+                cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
+                         if c.target_id in evict else c for c in cands]
         affinity = None
         if req.session is not None and self.policy.session_affinity:
             affinity = self.sessions.get(req.session)
         decision = pick(RouteReq(req.prompt_tokens, req.seed, affinity), cands, self.policy)
         return Placement(decision, tuple(cands), cold, matches, owners, affinity)
+
+    def _evicted_since(self, req: SchedRequest, matches: dict[int, Match]) -> set[int]:
+        """The targets the index predicts hold the request's root but whose learned retention
+        says they have pushed it out since (more root tokens went there after it than the
+        cache keeps): the index learns of an eviction only from the next reply, and a stale
+        prediction on two holders tied and lost to the one that had evicted it."""
+        if not self.guards.eviction_pricing:
+            return set()
+        root, root_bytes, roots = req.chain.keys[0], req.chain.ends[0], self.roots
+        return {tid for tid, m in matches.items()
+                if m.matched_bytes >= root_bytes and roots.pushed_out(tid, root)}
+
+    def _evictions(self, req: SchedRequest, cands: list[Candidate],
+                   matches: dict[int, Match], owners: frozenset[int]) -> dict[int, int]:
+        """Per candidate that does not hold the request's root, the tokens of the live roots
+        it would push out of its cache that no other candidate holds (``pharos.retention``):
+        the prefill a later request pays for them. A hot root's extra owners are meant to
+        take it in, and are not priced."""
+        chain, roots = req.chain, self.roots
+        root, root_bytes = chain.keys[0], chain.ends[0]
+        now = self.state.clock.seconds()
+        ids = [c.target_id for c in cands]
+        out: dict[int, int] = {}
+        for tid in ids:
+            m = matches.get(tid)
+            if tid in owners or (m is not None and m.matched_bytes >= root_bytes):
+                continue
+            pushed = roots.evicts(tid, root, root_bytes // BYTES_PER_TOKEN)
+            if not pushed:
+                continue
+            tokens = sum(n for r, n in pushed if roots.live(r, now)
+                         and roots.holders(r, (o for o in ids if o != tid)) == 0)
+            if tokens:
+                out[tid] = tokens
+        return out
 
     def _gen(self, target_id: int) -> int | None:
         targets = self.state.targets
@@ -491,8 +558,10 @@ class Scheduler:
         when a request came while the target had no free slot (since the last round) and the
         engine reports no queue, one more slot is tried; when the engine queues (two rounds in a
         row), its Running is the capacity (but never below what it was seen running), and no
-        more slots are tried (it still rises to a higher count seen running). A queue while
-        the engine's KV pool is (nearly) full is a wait for blocks, which sets nothing."""
+        more slots are tried (it still rises to a higher count seen running) until
+        ``REPROBE_ROUNDS`` rounds in a row find the target full and the engine without a
+        queue. A queue while the engine's KV pool is (nearly) full is a wait for blocks,
+        which sets nothing."""
         for t in self.state.targets:
             if t.backend is not backend:
                 continue
@@ -504,6 +573,10 @@ class Scheduler:
             # says (``candidate``).
             t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             pressed, t.pressed = t.pressed, False
+            if t.capacity_seen_queue:
+                t.quiet_rounds = t.quiet_rounds + 1 if pressed and queued == 0 else 0
+                if t.quiet_rounds >= REPROBE_ROUNDS:
+                    t.capacity_seen_queue, t.quiet_rounds = False, 0
             if v.capacity or t.backend.spec.capacity or t.backend.failing is not None:
                 continue
             if running is None or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY:

@@ -81,7 +81,8 @@ class PharosService(MultiService):
                               bounded_load_epsilon=r.bounded_load_epsilon,
                               session_affinity=r.session_affinity)
         self.sched = Scheduler(self.state, policy, index=PrefixIndex(r.prefix_entries),
-                               guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization))
+                               guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization,
+                                             eviction_pricing=r.eviction_pricing))
         self.state.on_round = self._round
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
                                 timeouts=config.timeouts)

@@ -76,6 +76,7 @@ class Target:
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once
     queue_rounds: int = 0  # consecutive rounds the engine reported a queue
     pressed: bool = False  # a request came while it had no free slot, since the last round
+    quiet_rounds: int = 0  # rounds in a row pressed with no engine queue, after one set it
 
     @property
     def key(self) -> str:

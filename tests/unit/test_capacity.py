@@ -10,7 +10,14 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from pharos.config import Backend as BackendSpec
-from pharos.sched import CAPACITY_CONFIG, CAPACITY_DEFAULT, CAPACITY_LEARNED, Lease, Scheduler
+from pharos.sched import (
+    CAPACITY_CONFIG,
+    CAPACITY_DEFAULT,
+    CAPACITY_LEARNED,
+    REPROBE_ROUNDS,
+    Lease,
+    Scheduler,
+)
 from pharos.state.registry import BackendState, Target
 from tests.unit.test_plan import FakeBackend
 from tests.unit.test_sched import fleet, req
@@ -163,6 +170,24 @@ def test_a_queue_for_kv_blocks_sets_no_capacity() -> None:
         report(engine, t.inflight, 0, kv=0.5)
         clock.pump([1.0])
     assert t.learned_capacity is not None and t.learned_capacity >= before + 3
+
+
+def test_a_pinned_capacity_is_tried_again_after_quiet_rounds() -> None:
+    """A capacity an engine queue set is not final: after REPROBE_ROUNDS rounds in a row in
+    which requests found the target full and the engine queued nothing, one more slot is
+    tried; an engine that queues again at that count pins it back."""
+    sched, clock, engine, t = queued_at_six()
+    for _ in range(REPROBE_ROUNDS - 1):
+        report(engine, 6, 0)
+        clock.pump([1.0])
+    assert t.learned_capacity == 6
+    report(engine, 6, 0)
+    clock.pump([1.0])
+    assert t.learned_capacity == 7 and not t.capacity_seen_queue
+    for _ in range(3):
+        report(engine, 6, 1)  # the seventh waits in the engine: 6 was the cap after all
+        clock.pump([1.0])
+    assert t.learned_capacity == 6 and t.capacity_seen_queue
 
 
 def test_never_below_what_it_was_seen_running() -> None:

@@ -796,18 +796,20 @@ def test_routing_section() -> None:
 
     assert parse_config("").routing == Routing()
     r = parse_config("routing:\n  bounded_load_epsilon: null\n  hot_prefix_utilization: 0.5\n"
-                     "  session_affinity: false\n  prefix_entries: 1000\n").routing
+                     "  session_affinity: false\n  prefix_entries: 1000\n"
+                     "  eviction_pricing: null\n").routing
     assert r.bounded_load_epsilon is None and r.hot_prefix_utilization == 0.5
     assert r.session_affinity is False and r.prefix_entries == 1000
+    assert r.eviction_pricing is False and Routing().eviction_pricing is True
     try:
         parse_config("routing:\n  kv_pressure_threshold: 1.5\n  session_affinity: 1\n"
-                     "  prefix_entries: 0\n  epsilon: 2\n")
+                     "  prefix_entries: 0\n  epsilon: 2\n  eviction_pricing: yes please\n")
     except _ConfigError as e:
         text = str(e)
     else:
         raise AssertionError("accepted a bad routing section")
     for path in ("routing.kv_pressure_threshold", "routing.session_affinity",
-                 "routing.prefix_entries", "unknown field 'epsilon'"):
+                 "routing.prefix_entries", "unknown field 'epsilon'", "routing.eviction_pricing"):
         assert path in text
 
 
