@@ -19,7 +19,10 @@ Two policies share the signature (``POLICIES``):
     win, and the ones it drops pay later). ``wait`` is the prefill Pharos has
     already sent the target and that has not produced a first byte yet (engines compute prompts
     in arrival order, so a free slot behind three long prompts still waits for them), plus,
-    without a free slot, the slot wait of spec §7. The lowest wins; costs within
+    without a free slot, the slot wait of spec §7, or, with a free slot but a KV pool that
+    cannot take the prompt's uncached tokens (``kv_free_tokens``: vLLM admits no request its
+    free blocks cannot hold), the wait for the first of the running requests to end
+    (``service_sec / (running + 1)``). The lowest wins; costs within
     ``tie_window_sec`` of the lowest tie, and ties go to the lower utilization, then to a
     pseudo-random choice seeded by ``req.seed``.
 ``least-load``
@@ -139,6 +142,9 @@ class Candidate:
     #: Tokens of live prefixes taking this prompt in would push out of the only cache that
     #: holds them (``pharos.retention``): a later request pays their prefill.
     evict_tokens: int = 0
+    #: Tokens the engine's KV pool can still give a new prompt (None: unknown). A prompt
+    #: whose uncached part does not fit waits in the engine for blocks although a slot is free.
+    kv_free_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +396,13 @@ class _Fleet:
             if prompt > 0:
                 fallbacks = (*fallbacks, note)
         prefill = (prompt - matched) * per_token
+        kv_free = c.kv_free_tokens
+        if free > 0 and kv_free is not None and prompt - matched > kv_free:
+            service = c.service_sec
+            if service is None:
+                service, note = self.service_sec()
+                fallbacks = (*fallbacks, note)
+            wait += service / (max(capacity - free, 0) + 1)
 
         kv_penalty = 0.0
         if matched:
@@ -506,6 +519,14 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                 per_token_median = fleet.prefill_sec_per_token()[0]
             per_token = per_token_median
         prefill = (prompt - matched) * per_token
+        kv_free = c.kv_free_tokens
+        if free > 0 and kv_free is not None and prompt - matched > kv_free:
+            service = c.service_sec
+            if service is None:
+                if service_median < 0:
+                    service_median = fleet.service_sec()[0]
+                service = service_median
+            wait += service / (max(capacity - free, 0) + 1)
 
         kv_penalty = 0.0
         if matched:

@@ -36,7 +36,7 @@ from pharos.prefix import (
     drop_oldest,
 )
 from pharos.retention import RootCaches
-from pharos.state.registry import BackendState, Target
+from pharos.state.registry import BackendState, Target, View
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
@@ -374,6 +374,7 @@ class Scheduler:
                       prefill_sec=terms[3] + terms[4])
         target.queued_prefill += lease.prefill_sec
         target.unstarted += 1
+        target.kv_sent_tokens += max(0, req.prompt_tokens - lease.predicted_tokens)
         now = self.state.clock.seconds()
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
@@ -573,6 +574,7 @@ class Scheduler:
             # says (``candidate``).
             t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             pressed, t.pressed = t.pressed, False
+            t.kv_sent_tokens = 0  # the engine's usage counts them from this round on
             if t.capacity_seen_queue:
                 t.quiet_rounds = t.quiet_rounds + 1 if pressed and queued == 0 else 0
                 if t.quiet_rounds >= REPROBE_ROUNDS:
@@ -658,7 +660,17 @@ class Scheduler:
             loading=loading,
             inflight=t.inflight,
             queued_prefill_sec=t.queued_prefill,
+            kv_free_tokens=self._kv_free(t, v),
         )
+
+    @staticmethod
+    def _kv_free(t: Target, v: View) -> int | None:
+        """Tokens the engine's KV pool can still give a new prompt: the pool less what its
+        running requests hold (vLLM's usage) less the prompts Pharos sent since that was
+        read; None unless the engine reports both."""
+        if v.kv_usage is None or v.kv_pool_tokens is None:
+            return None
+        return max(0, int((1.0 - v.kv_usage) * v.kv_pool_tokens) - t.kv_sent_tokens)
 
     def _fits_if_cold(self, t: Target, size: int | None) -> bool | None:
         """Whether the model fits in the host's memory beside the models that have requests

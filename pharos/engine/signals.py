@@ -23,16 +23,19 @@ class Signal(enum.Enum):
     WAITING = "waiting"
     CAPACITY = "capacity"
     KV_USAGE = "kv_usage"
+    KV_POOL_TOKENS = "kv_pool_tokens"
 
 
 #: Signals read every fast (1 s) round; the rest only on full rounds.
 LOAD_SIGNALS: frozenset[Signal] = frozenset(
-    {Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE}
+    {Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE, Signal.KV_POOL_TOKENS}
 )
 #: Signals that are integer counts (a fractional or negative value is an error).
-COUNT_SIGNALS: frozenset[Signal] = frozenset({Signal.RUNNING, Signal.WAITING, Signal.CAPACITY})
+COUNT_SIGNALS: frozenset[Signal] = frozenset(
+    {Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_POOL_TOKENS})
 #: The load signals in the order of ``Load``'s fields.
-LOAD_ORDER: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE)
+LOAD_ORDER: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE,
+                                   Signal.KV_POOL_TOKENS)
 #: Signals a log probe may read (spec §4, LogLine).
 LOG_SIGNALS: frozenset[Signal] = frozenset(
     {Signal.VERSION, Signal.RESIDENCY} | LOAD_SIGNALS
@@ -71,6 +74,9 @@ class Load:
     waiting: int | None = None
     capacity: int | None = None
     kv_usage: float | None = None
+    #: Tokens the engine's KV pool holds (vLLM: num_gpu_blocks x block_size); with kv_usage,
+    #: the room a prompt finds.
+    kv_pool_tokens: int | None = None
 
     def get(self, signal: Signal) -> int | float | None:
         """The value of one load signal."""
@@ -177,4 +183,5 @@ def load_of(values: Mapping[str, int | float]) -> Load:
         waiting=count(Signal.WAITING.value),
         capacity=count(Signal.CAPACITY.value),
         kv_usage=None if kv is None else float(kv),
+        kv_pool_tokens=count(Signal.KV_POOL_TOKENS.value),
     )

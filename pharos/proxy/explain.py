@@ -77,6 +77,7 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
             "waiting": v.waiting,
             "capacity": v.capacity,
             "kv_usage": v.kv_usage,
+            "kv_pool_tokens": v.kv_pool_tokens,
             "size_bytes": v.size_bytes,
             "load_fresh": v.load_fresh,
         },
@@ -93,6 +94,8 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         # Live prefixes taking this prompt in would push out of the only cache holding them,
         # and the root-prefix tokens the cache was seen to retain (None: not learned yet).
         "evicts_tokens": c.evict_tokens,
+        # Room the engine's KV pool has for a new prompt (None: the engine does not say).
+        "kv_free_tokens": c.kv_free_tokens,
         "retained_root_tokens": sched.roots.retained.get(t.id),
         "learned": {
             "prefill_sec_per_token": c.prefill_sec_per_token,

@@ -440,7 +440,7 @@ class BatchModel(ModelCore):
                             len(self._waiting), blocks * self._bt, self._last_used, None)
         return self._status((model,), jobs, pool.capacity * self._bt,
                             preemptions=self._preemptions, prefix_queries_total=self._queries,
-                            prefix_hits_total=self._hits)
+                            prefix_hits_total=self._hits, kv_block_tokens=self._bt)
 
     def release(self) -> None:
         """Resume: the step in flight ends after what remained of it, later ones follow."""

@@ -122,13 +122,15 @@ class ModelCore:
     def _status(self, models: Sequence[ModelStatus], jobs: Sequence[Job], kv_capacity: int,
                 served: Sequence[Job] = (), preemptions: int = 0,
                 prefix_queries_total: int | None = None,
-                prefix_hits_total: int | None = None) -> EngineStatus:
+                prefix_hits_total: int | None = None,
+                kv_block_tokens: int | None = None) -> EngineStatus:
         """An ``EngineStatus`` with this model's counters."""
         return EngineStatus(
             slots=self.slots,
             models=tuple(models),
             jobs=tuple(jobs),
             kv_capacity=kv_capacity,
+            kv_block_tokens=kv_block_tokens,
             served=tuple(served),
             prompt_tokens_total=self._prompt_total,
             computed_tokens_total=self._computed_total,

@@ -232,6 +232,8 @@ class EngineStatus:
     models: tuple[ModelStatus, ...]
     jobs: tuple[Job, ...]
     kv_capacity: int
+    #: Tokens per KV block (a block pool's engine), else None.
+    kv_block_tokens: int | None = None
     #: Idle slots' last jobs (finished or dropped), each with its ``slot`` (slot models).
     served: tuple[Job, ...] = ()
     prompt_tokens_total: int = 0

@@ -17,6 +17,7 @@ from prometheus_client.utils import floatToGoString
 
 from pharos.engine.capture import Capture, Recorded
 from pharos.engine.library import VLLM
+from pharos.engine.probes import prom_samples
 from pharos.sim.model import EngineStatus
 from pharos.sim.wire import Flavor, PromPage, compact_json, like_id
 
@@ -43,7 +44,14 @@ class VllmFlavor(Flavor):
         self._name, self._size = next(iter(models.items())) if models else (recorded, 0)
         self._relabel = ({f'model_name="{recorded}"': f'model_name="{self._name}"'}
                          if self._name != recorded else None)
-        self._metrics = PromPage(capture.paths["/metrics"].body)
+        page = capture.paths["/metrics"].body
+        self._metrics = PromPage(page)
+        # The recorded pool's labels, rewritten to the double's own pool (label text, so the
+        # 50 KB page stays as recorded elsewhere).
+        self._pool_labels = [
+            (f',{k}="{v}"', k) for labels, _ in prom_samples(page).get(
+                "vllm:cache_config_info", ()) for k, v in labels.items()
+            if k in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens")]
         self.dynamic = {"/metrics": self._metrics_body, "/v1/models": self._models_body}
 
     def catalogue(self) -> dict[str, int]:
@@ -90,7 +98,13 @@ class VllmFlavor(Flavor):
                     return v
             return None
 
-        return self._metrics.render(value, floatToGoString, self._relabel)
+        relabel = dict(self._relabel or {})
+        if status.kv_block_tokens:
+            pool = {"block_size": status.kv_block_tokens,
+                    "num_gpu_blocks": status.kv_capacity // status.kv_block_tokens,
+                    "kv_cache_size_tokens": status.kv_capacity}
+            relabel.update((old, f',{k}="{pool[k]}"') for old, k in self._pool_labels)
+        return self._metrics.render(value, floatToGoString, relabel)
 
     def _models_body(self, status: EngineStatus) -> bytes:
         doc = copy.deepcopy(self._v1)

@@ -76,6 +76,9 @@ class Target:
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once
     queue_rounds: int = 0  # consecutive rounds the engine reported a queue
     pressed: bool = False  # a request came while it had no free slot, since the last round
+    #: Uncached prompt tokens Pharos sent it since the last round: KV the engine's last
+    #: reported usage does not show yet.
+    kv_sent_tokens: int = 0
     quiet_rounds: int = 0  # rounds in a row pressed with no engine queue, after one set it
 
     @property
@@ -94,6 +97,7 @@ class View:
     waiting: int | None
     capacity: int | None
     kv_usage: float | None
+    kv_pool_tokens: int | None  # the engine's KV pool, tokens (full rounds)
     size_bytes: int | None
     vram_bytes: int | None
     load_fresh: bool  # the load signals are newer than the last reply that ended on it
@@ -136,11 +140,12 @@ def view_of(
         now - b.load_at <= STALE_AFTER_INTERVALS * load_interval)
     residency = Residency.UNKNOWN
     size = vram = None
-    capacity = None
+    capacity = pool = None
     if full_fresh and b.full is not None:
         info = b.full.model_info(target.model)
         residency, size, vram = info.state, info.size_bytes, info.vram_bytes
-        capacity = b.full.load_for(target.model).capacity
+        full_load = b.full.load_for(target.model)
+        capacity, pool = full_load.capacity, full_load.kv_pool_tokens
     if target.loaded_reply_at is not None and (b.full_at is None or
                                                target.loaded_reply_at > b.full_at):
         residency = Residency.LOADED  # a reply proved it loaded; the next full round decides
@@ -160,6 +165,7 @@ def view_of(
         waiting=load.waiting,
         capacity=capacity if capacity is not None else load.capacity,
         kv_usage=load.kv_usage,
+        kv_pool_tokens=pool if pool is not None else load.kv_pool_tokens,
         size_bytes=size,
         vram_bytes=vram,
         load_fresh=fresh,

@@ -53,7 +53,8 @@ async def test_repeated_prompt_reports_cached_tokens(rigs: list[Rig]) -> None:
 @pytest_twisted.ensureDeferred
 async def test_metrics_show_the_batch_model_through_the_probes(rigs: list[Rig]) -> None:
     """Held with three 150-token requests and two sequences, the probes read 2 running, 1
-    waiting and the KV usage of their blocks (10 of 40 each); on a pool too small for four
+    waiting, the KV usage of their blocks (10 of 40 each) and the pool's 640 tokens (the
+    recorded cache_config_info relabelled); on a pool too small for four
     growing requests, the metrics page counts preemptions and every reply still completes."""
     clock = Clock()
     rig = Rig(VLLM, clock, slots=2, cache_tokens=40 * 16)
@@ -68,6 +69,12 @@ async def test_metrics_show_the_batch_model_through_the_probes(rigs: list[Rig]) 
     assert failures == ()
     load = snap.load["tiny"]
     assert (load.running, load.waiting, load.kv_usage) == (2, 1, 0.5)
+    full, _ = await plan.scrape(rig.fetcher, full=True)
+    # vllm:cache_config_info names the double's own pool: 40 blocks of 16 tokens
+    assert full.load[""].kv_pool_tokens == 40 * 16
+    info = prom_samples((await rig.fetcher.fetch("/metrics")).body)["vllm:cache_config_info"]
+    assert [(lb["num_gpu_blocks"], lb["block_size"], lb["kv_cache_size_tokens"])
+            for lb, _ in info] == [("40", "16", "640")]
 
     clock = Clock()
     tight = Rig(VLLM, clock, slots=4, cache_tokens=12 * 16, max_output_tokens=40)

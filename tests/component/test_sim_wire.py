@@ -4,6 +4,7 @@ parsing, and the reply shapes derived from recorded siblings."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
@@ -53,7 +54,9 @@ def body(double: EngineDouble, path: str) -> bytes:
 def test_status_bodies_at_rest_are_the_recorded_bytes(kind: str, paths: tuple[str, ...]) -> None:
     """With the capture's own numbers (idle, its models, its slots), a rebuilt status body is
     byte for byte the recorded one: the serializer writes in the engine's style."""
-    double = EngineDouble(kind, Clock())
+    # the capture's KV pool (8192 blocks of 32 tokens), which the vLLM double reports as its own
+    pool: dict[str, Any] = {"cache_tokens": 8192 * 32, "block_tokens": 32} if kind == VLLM else {}
+    double = EngineDouble(kind, Clock(), **pool)
     for path in paths:
         assert body(double, path) == pinned_capture(kind).paths[path].body, path
 
@@ -118,7 +121,7 @@ def test_vllm_metrics_change_only_the_samples_the_double_owns() -> None:
     assert samples["vllm:prompt_tokens_total"][0][1] == 16.0
     owned = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
              "prefix_cache_queries_total", "prompt_tokens_total", "prompt_tokens_by_source",
-             "request_success_total")
+             "request_success_total", "cache_config_info")
     for mine, theirs in zip(page.splitlines(), recorded.splitlines(), strict=True):
         if any(o in mine for o in owned):
             continue

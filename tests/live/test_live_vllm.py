@@ -7,6 +7,7 @@ import time
 
 import pytest_twisted
 
+from tests.component.fleet import eventually
 from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
@@ -52,7 +53,8 @@ def metrics_now(url: str) -> dict[str, int | None]:
 
 
 def test_detects_vllm_and_reads_idle_signals(vllm: engines.RunningEngine) -> None:
-    """Detection finds vLLM; version, model and KV usage are read; idle is 0 running, 0 waiting."""
+    """Detection finds vLLM; version, model, KV usage and the KV pool are read; idle is 0
+    running, 0 waiting."""
     wait_idle(vllm)
     r = doctor(vllm.url)
     assert r["kind"] == "vllm"
@@ -62,6 +64,9 @@ def test_detects_vllm_and_reads_idle_signals(vllm: engines.RunningEngine) -> Non
     assert tiny["waiting"] == 0
     assert tiny["kv_usage"] is not None and 0.0 <= tiny["kv_usage"] <= 1.0
     assert tiny["capacity"] is None  # vLLM reports no capacity: unknown, never a guess
+    # num_gpu_blocks x block_size: 256 MiB of KV for the tiny model in blocks of 32 tokens
+    # (the flags the capture in fixtures/vllm/0.32.0 was made with)
+    assert tiny["kv_pool_tokens"] == 8192 * 32
 
 
 def test_running_equals_concurrent_requests(vllm: engines.RunningEngine) -> None:
@@ -188,3 +193,34 @@ async def test_client_gone_mid_stream_through_pharos_stops_vllm(
     stream's tokens would end), with no lease left in Pharos."""
     wait_idle(vllm)
     await client_leaves_mid_stream(vllm, "vllm", SLOW, "vllm:num_requests_running")
+
+
+@pytest_twisted.ensureDeferred
+async def test_capacity_is_learned_through_pharos(vllm: engines.RunningEngine) -> None:
+    """vLLM exports no --max-num-seqs: Pharos, told no capacity, starts at 2 slots and, with
+    twice the engine's sequences of streams arriving through it, learns upward to the engine's
+    8; the engine never runs more than that at once, and once its queue has been seen the
+    capacity is exactly what it ran (issue 10 item 3)."""
+    wait_idle(vllm)
+    pharos = await front(vllm.url, "vllm")
+    streams = []
+    try:
+        (target,) = pharos.sched.state.targets
+        assert target.learned_capacity is None
+        cap = engines.VLLM_MAX_NUM_SEQS
+        for attempt in range(3):  # new streams when a wave ended before the learning did
+            streams += start_streams(pharos.url, SLOW, 2 * cap)
+            try:
+                await eventually(lambda: (target.learned_capacity or 0) >= cap, timeout=40)
+            except AssertionError:
+                if attempt == 2:
+                    raise
+            else:
+                break
+        assert target.capacity_seen_max <= cap
+        if target.capacity_seen_queue:
+            assert target.learned_capacity == cap
+        assert pharos.sched.capacity_of(target) == (target.learned_capacity, "learned")
+    finally:
+        stop_all(streams)
+        await pharos.stop()

@@ -21,7 +21,7 @@ LIVE_PROVEN: dict[tuple[str, str], frozenset[str]] = {
         "llamacpp-running", "llamacpp-waiting", "llamacpp-slots-running"}),
     ("vllm", "0.32.0"): frozenset({
         "vllm-version", "openai-models", "vllm-running", "vllm-waiting",
-        "vllm-kv-cache-usage-perc"}),
+        "vllm-kv-cache-usage-perc", "vllm-kv-pool"}),
 }
 
 HEADER = """\

@@ -101,6 +101,8 @@ EXPECTED: dict[str, dict[str, object]] = {
         "vllm-running": {"tiny": 0},
         "vllm-waiting": {"tiny": 0},
         "vllm-kv-cache-usage-perc": {"tiny": 0.0},
+        # vllm:cache_config_info's num_gpu_blocks x block_size (8192 x 32, as started)
+        "vllm-kv-pool": {"": 262144},
     },
     "vllm/0.32.0": {"vllm-version": "0.32.0"},
     # twelve slow streams at --max-num-seqs 8: eight run, four wait, their KV in use
@@ -240,7 +242,7 @@ def test_doctor_reports_capture(capture: Capture) -> None:
     assert set(doc) >= {"url", "kind", "version", "signals", "active", "dropped"}
     for name, values in (doc["signals"]["models"] or {}).items():
         assert set(values) == {"residency", "vram_bytes", "size_bytes", "running", "waiting",
-                               "capacity", "kv_usage"}, name
+                               "capacity", "kv_usage", "kv_pool_tokens"}, name
     unknown = set(doc["unknown"])
     for s in Signal:
         assert (s.value in unknown) == (report.merged().known(s) is False)

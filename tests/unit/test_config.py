@@ -535,19 +535,19 @@ def test_valid_log_probe(signal: str, log: dict[str, object], value: object) -> 
          f"{P}.name: 'vllm-running' is already a library probe's name"),
         ({"name": "mine", "signal": "queue", "prom": PROM},
          f"{P}.signal: expected one of version, models, residency, vram_bytes, size_bytes, "
-         "running, waiting, capacity, kv_usage, got 'queue'"),
+         "running, waiting, capacity, kv_usage, kv_pool_tokens, got 'queue'"),
         ({"name": "mine", "signal": "running", "prom": PROM, "log": {"match": "(?P<value>x)"}},
          f"{P}: expected exactly one of prom, log, got both"),
         ({"name": "mine", "signal": "running"}, f"{P}: missing required field: one of prom, log"),
         ({"name": "mine", "signal": "residency", "prom": PROM},
          f"{P}.prom: a prom probe reads only running, waiting, capacity, kv_usage, "
-         "not 'residency'"),
+         "kv_pool_tokens, not 'residency'"),
         ({"name": "mine", "signal": "version", "prom": PROM},
          f"{P}.prom: a prom probe reads only running, waiting, capacity, kv_usage, "
-         "not 'version'"),
+         "kv_pool_tokens, not 'version'"),
         ({"name": "mine", "signal": "models", "log": {"match": "(?P<value>x)"}},
          f"{P}.log: a log probe reads only version, residency, running, waiting, capacity, "
-         "kv_usage, not 'models'"),
+         "kv_usage, kv_pool_tokens, not 'models'"),
         ({"name": "mine", "signal": "running", "log": {"match": "(?P<value>x"}},
          f"{P}.log.match: pattern does not compile: missing ), unterminated subpattern at "
          "position 0"),

@@ -1,0 +1,99 @@
+"""Layer 1: KV headroom (issue 10 item 4). vLLM admits no request its free KV blocks cannot
+hold, so a free slot on an engine whose running requests hold most of its pool still waits;
+the pool comes from ``vllm:cache_config_info`` and the room from its KV usage less the
+prompts Pharos sent since that was read. The cost prices the wait for the first running
+request to end; unknown room prices nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pharos.config import Backend as BackendSpec
+from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
+from pharos.sched import SchedRequest
+from tests.unit.test_plan import FakeBackend
+from tests.unit.test_sched import fleet, granted
+
+BASE = Candidate(target_id=0, warm=True, capacity=64, free_slots=60, queue_ahead=0,
+                 kv_usage=0.9, matched_tokens=0, prefill_sec_per_token=0.0001, load_sec=None,
+                 service_sec=4.0, fits_if_cold=None, loading=False, inflight=4)
+
+
+def test_a_prompt_that_does_not_fit_waits_for_a_running_request() -> None:
+    """A 2,000-token prompt on an engine with room for 500 waits service / (running + 1)
+    (4 s / 5): a slower engine with room wins; with the room unknown or large enough, the
+    faster one does."""
+    tight = replace(BASE, target_id=0, kv_free_tokens=500)
+    roomy = replace(BASE, target_id=1, prefill_sec_per_token=0.0002, kv_free_tokens=50_000)
+    d = pick(RouteReq(2000, 1), [tight, roomy], PolicyConfig())
+    assert d.target_id == 1
+    assert d.scores[0].wait == pytest.approx(4.0 / 5)
+    assert d.scores[1].wait == 0
+    for room in (None, 2000):
+        d = pick(RouteReq(2000, 1), [replace(tight, kv_free_tokens=room), roomy],
+                 PolicyConfig())
+        assert d.target_id == 0 and d.scores[0].wait == 0
+
+
+def test_the_cached_part_needs_no_room() -> None:
+    """Only the uncached tokens need blocks: a prompt whose 1,800 tokens are cached fits in
+    room for 500."""
+    tight = replace(BASE, kv_free_tokens=500, matched_tokens=1800)
+    d = pick(RouteReq(2000, 1), [tight], PolicyConfig())
+    assert d.scores[0].wait == 0
+
+
+def vllm(kv: float) -> FakeBackend:
+    return FakeBackend({
+        "/version": (200, b'{"version":"0.32.0"}'),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"m"}]}'),
+        "/metrics": (200, (
+            'vllm:num_requests_running{model_name="m"} 0\n'
+            'vllm:num_requests_waiting{model_name="m"} 0\n'
+            f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n'
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
+        ).encode()),
+    })
+
+
+def test_room_is_the_pool_less_usage_less_what_pharos_sent_since() -> None:
+    """1,600-token pool at 50 % usage: 800 tokens of room; a 600-token prompt sent leaves
+    200 until the next round reads the engine again."""
+    url = "http://v"
+    sched, state, clock = fleet({url: (vllm(0.5), BackendSpec(url=url, kind="vllm",
+                                                                capacity=8))})
+    clock.pump([1.0] * 6)  # a full round read the pool
+    (t,) = state.targets
+    assert state.view(t).kv_pool_tokens == 1600
+    assert sched.candidate(t, 0).kv_free_tokens == 800
+    granted(sched.acquire("k", 1, SchedRequest("m", 600, 1)))
+    assert sched.candidate(t, 0).kv_free_tokens == 200
+    sched.learn_capacity(t.backend)  # what a round does after reading the engine
+    assert sched.candidate(t, 0).kv_free_tokens == 800
+
+
+def test_no_pool_no_room() -> None:
+    """Without a pool (an engine that does not say) the room is unknown, never 0."""
+    url = "http://v"
+    engine = vllm(0.5)
+    answer = engine.answers["/metrics"]
+    assert isinstance(answer, tuple)
+    body = answer[1]
+    engine.answers["/metrics"] = (200, b"\n".join(
+        line for line in body.split(b"\n") if b"cache_config_info" not in line))
+    sched, state, clock = fleet({url: (engine, BackendSpec(url=url, kind="vllm"))})
+    clock.pump([1.0] * 6)
+    (t,) = state.targets
+    assert sched.candidate(t, 0).kv_free_tokens is None
+
+
+def test_a_malformed_pool_is_a_probe_error() -> None:
+    """Block counts that are not counts are a probe error, never a pool."""
+    from pharos.engine.library import _vllm_kv_pool
+    from pharos.engine.probes import ProbeError
+
+    with pytest.raises(ProbeError, match="num_gpu_blocks"):
+        _vllm_kv_pool(b'vllm:cache_config_info{block_size="x",num_gpu_blocks="8"} 1.0\n')
+    assert _vllm_kv_pool(b"vllm:num_requests_running 0\n").load == {}
