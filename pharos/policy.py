@@ -23,7 +23,8 @@ Two policies share the signature (``POLICIES``):
     cannot take the prompt's uncached tokens (``kv_free_tokens``: vLLM admits no request its
     free blocks cannot hold), the wait for the first of the running requests to end
     (``service_sec / (running + 1)``). The lowest wins; costs within
-    ``tie_window_sec`` of the lowest tie, and ties go to the lower utilization, then to a
+    ``tie_window_sec`` (or ``TIE_WINDOW_SHARE`` of it) of the lowest tie, and ties go to the
+    lower utilization, then to a
     pseudo-random choice seeded by ``req.seed``.
 ``least-load``
     Utilization only (same tie rule), the escape hatch if the estimates misbehave on a fleet.
@@ -78,8 +79,12 @@ PREFILL_SEC_PER_TOKEN_DEFAULT: Final = 0.005
 LOAD_SEC_DEFAULT: Final = 10.0
 #: Seconds one request holds a slot. Assumed [U].
 SERVICE_SEC_DEFAULT: Final = 5.0
-#: Estimated TTFTs closer than this tie.
+#: Estimated TTFTs closer than this tie...
 TIE_WINDOW_SEC: Final = 0.001
+#: ...or closer than this share of the lowest: the learned per-target speeds behind an
+#: estimate are noisy to about this much, and letting that noise decide unbalanced a fleet with
+#: nothing cached (w6 at 3 req/s: 29/34/44 requests per engine) where utilization spreads it.
+TIE_WINDOW_SHARE: Final = 0.1
 #: KV cache usage above which a prefix match is trusted less (it is likely to be evicted).
 KV_PRESSURE_THRESHOLD: Final = 0.9
 #: The most of a match's saved prefill the KV-pressure guard takes back (at 100 % usage): a
@@ -156,6 +161,8 @@ class PolicyConfig:
     load_sec_default: float = LOAD_SEC_DEFAULT
     service_sec_default: float = SERVICE_SEC_DEFAULT
     tie_window_sec: float = TIE_WINDOW_SEC
+    #: Estimates within this share of the lowest tie too (0: the absolute window alone).
+    tie_window_share: float = TIE_WINDOW_SHARE
     #: KV usage above this discounts a prefix match linearly, by KV_DISTRUST_MAX at 100 %
     #: (waived when nearly every candidate is above); 1.0: off.
     kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
@@ -172,6 +179,8 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be > 0: a missing signal never becomes 0")
         if not self.tie_window_sec >= 0:
             raise ValueError("tie_window_sec must be >= 0")
+        if not 0 <= self.tie_window_share <= 1:
+            raise ValueError("tie_window_share must be within 0..1")
         if not 0 <= self.kv_pressure_threshold <= 1:
             raise ValueError("kv_pressure_threshold must be within 0..1")
         if self.bounded_load_epsilon is not None and not self.bounded_load_epsilon >= 0:
@@ -704,7 +713,8 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     ests, feasible = scored.est, len(scored.feasible)
     if not feasible:
         return _no_target(scored)
-    limit = scored.best + cfg.tie_window_sec
+    window = max(cfg.tie_window_sec, scored.best * cfg.tie_window_share)
+    limit = scored.best + window
     sticky = _affinity(req, candidates, scored, cfg)
     if sticky is not None:
         win, tie = sticky, None
@@ -738,7 +748,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
         parts.append(f"est {_secs(win_est)} vs {_secs(runner_est)} "
                      f"({_label(candidates[runner])})")
     if tie is not None:
-        parts.append(f"tie within {_secs(cfg.tie_window_sec)} broken by {tie}")
+        parts.append(f"tie within {_secs(window)} broken by {tie}")
     return _decide(scored, win, why, parts)
 
 

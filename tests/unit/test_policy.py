@@ -36,6 +36,8 @@ from pharos.policy import (
 
 COST = PolicyConfig()
 LEAST = PolicyConfig(name="least-load")
+#: Only the absolute window (1 ms): the tests of its exact edges.
+ABSOLUTE = PolicyConfig(tie_window_share=0.0)
 REQ = RouteReq(prompt_tokens=1000, seed=7)
 
 
@@ -399,18 +401,32 @@ def test_tie_within_window_goes_to_lower_utilization() -> None:
     """Costs within 1 ms tie, and the tie goes to the less utilized target even though its
     estimate is 0.5 ms higher; the reason says how the tie was broken."""
     cands = [cand(1, free_slots=3), cand(2, prefill_sec_per_token=0.0020005)]
-    d = pick(REQ, cands, COST)
+    d = pick(REQ, cands, ABSOLUTE)
     assert d.target_id == 2
     assert "tie within 1ms broken by utilization" in d.reason
+
+
+def test_estimates_within_a_tenth_of_the_lowest_tie() -> None:
+    """With the default share, estimates within 10 % of the lowest tie as well (learned
+    speeds are noisy to about that): the less utilized target wins 5 % above the best, the
+    cheaper one 15 % below; the reason names the window used."""
+    five = [cand(1, free_slots=3), cand(2, prefill_sec_per_token=0.0021)]
+    d = pick(REQ, five, COST)
+    assert d.target_id == 2 and "broken by utilization" in d.reason
+    assert "tie within 1ms" not in d.reason
+    fifteen = [cand(1, free_slots=3), cand(2, prefill_sec_per_token=0.0023)]
+    assert pick(REQ, fifteen, COST).target_id == 1
+    assert pick(REQ, five, ABSOLUTE).target_id == 1
 
 
 def test_outside_window_lower_cost_wins() -> None:
     """1.5 ms apart is not a tie: the cheaper target wins despite higher utilization, and a
     zero window makes only exact equality a tie."""
     cands = [cand(1, free_slots=3), cand(2, prefill_sec_per_token=0.0020015)]
-    assert pick(REQ, cands, COST).target_id == 1
+    assert pick(REQ, cands, ABSOLUTE).target_id == 1
     cands = [cand(1, free_slots=3), cand(2, prefill_sec_per_token=0.0020005)]
-    assert pick(REQ, cands, PolicyConfig(tie_window_sec=0.0)).target_id == 1
+    assert pick(REQ, cands, PolicyConfig(tie_window_sec=0.0,
+                                         tie_window_share=0.0)).target_id == 1
 
 
 @pytest.mark.parametrize("cfg", [COST, LEAST], ids=["cost", "least-load"])
@@ -608,7 +624,7 @@ def test_cost_picks_a_minimum_feasible_estimate(
     best = min(s.est_ttft for s in feasible if s.est_ttft is not None)
     chosen = by_id(d, cast(int, d.target_id))
     assert chosen.feasible and chosen.est_ttft is not None
-    assert chosen.est_ttft <= best + cfg.tie_window_sec
+    assert chosen.est_ttft <= best + max(cfg.tie_window_sec, best * cfg.tie_window_share)
     (c,) = [c for c in cands if c.target_id == d.target_id]
     assert d.enqueue == (c.free_slots <= 0)
     assert d.why in ("only_choice", "least_loaded", "cache", "warm")
