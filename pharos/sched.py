@@ -54,6 +54,11 @@ QUEUE_ROUNDS = 2
 #: an engine queue is taken as waiting for blocks, not for a sequence slot (assumed: a pool
 #: this full has no room for one more prompt of a few percent of it).
 KV_BOUND_USAGE = 0.8
+#: KV usage above which an engine running and queueing nothing (and with nothing of Pharos's
+#: in flight) counts its cache's fill: vLLM and SGLang count only blocks running requests
+#: hold (0 at rest, seen in the live captures), a cache-fill count stays near 1 once the pool
+#: has cycled.
+KV_AT_REST_CACHE = 0.5
 #: Rounds in a row with requests finding a target full and its engine queueing nothing before
 #: a capacity an engine queue set is tried past again: a queue seen once (a burst at start, a
 #: stalled VM) pinned a 64-sequence engine at 4 slots for good. At a real --max-num-seqs the
@@ -149,7 +154,7 @@ class Lease:
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
-        self.moved_at = self.sched.state.clock.seconds()
+        self.moved_at = self.target.backend.replied_at = self.sched.state.clock.seconds()
 
     def first_byte(self) -> None:
         """The engine answered: its prefill is no longer queued on the target, and an engine
@@ -575,6 +580,9 @@ class Scheduler:
             t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             pressed, t.pressed = t.pressed, False
             t.kv_sent_tokens = 0  # the engine's usage counts them from this round on
+            if (not t.kv_counts_cache and running == 0 and queued == 0 and t.inflight == 0
+                    and v.kv_usage is not None and v.kv_usage > KV_AT_REST_CACHE):
+                t.kv_counts_cache = True
             if t.capacity_seen_queue:
                 t.quiet_rounds = t.quiet_rounds + 1 if pressed and queued == 0 else 0
                 if t.quiet_rounds >= REPROBE_ROUNDS:
@@ -667,8 +675,9 @@ class Scheduler:
     def _kv_free(t: Target, v: View) -> int | None:
         """Tokens the engine's KV pool can still give a new prompt: the pool less what its
         running requests hold (vLLM's usage) less the prompts Pharos sent since that was
-        read; None unless the engine reports both."""
-        if v.kv_usage is None or v.kv_pool_tokens is None:
+        read; None unless the engine reports both, and for an engine whose usage counts its
+        cache's fill (``Target.kv_counts_cache``): evictable blocks are room."""
+        if v.kv_usage is None or v.kv_pool_tokens is None or t.kv_counts_cache:
             return None
         return max(0, int((1.0 - v.kv_usage) * v.kv_pool_tokens) - t.kv_sent_tokens)
 

@@ -27,6 +27,9 @@ class BackendState:
     ejected: bool = False
     failing: str | None = None  # why the last round failed; None when it answered
     failed_rounds: int = 0  # consecutive failed rounds
+    #: When bytes of a reply last arrived from it (passive health: an engine too busy to
+    #: answer its scrapes in time is still serving).
+    replied_at: float | None = None
     removed: bool = False
     rounds: int = 0
 
@@ -80,6 +83,9 @@ class Target:
     #: reported usage does not show yet.
     kv_sent_tokens: int = 0
     quiet_rounds: int = 0  # rounds in a row pressed with no engine queue, after one set it
+    #: The engine was seen reporting KV usage with nothing running or queued: it counts its
+    #: prefix cache's fill, so its usage says nothing of the room a new prompt has.
+    kv_counts_cache: bool = False
 
     @property
     def key(self) -> str:

@@ -41,6 +41,11 @@ KEEP_REMOVED = 32
 #: first byte moved): one slow scrape of a busy engine (vLLM's /metrics past the fetch timeout
 #: on a loaded 2-core machine, seen in the live tests) is not a hang.
 DOWN_AFTER_FAILED_ROUNDS = 2
+#: A backend whose replies delivered bytes within this many load intervals is serving, however
+#: its scrapes fare: vLLM on a loaded 2-core machine answered 16 streams while its /metrics and
+#: /v1/models took past the fetch timeout, and Pharos ejected it and answered new requests 503
+#: "no backend up" (the live capacity test).
+REPLYING_INTERVALS = 3
 #: Round spacing varies by up to this fraction, so backends do not scrape in step.
 JITTER = 0.1
 
@@ -137,10 +142,17 @@ class State:
             self.on_down(backend, why)
 
     def is_up(self, b: BackendState, now: float | None = None) -> bool:
-        """Up while its last full round is fresh and it is not ejected or removed."""
+        """Up while its last full round is fresh, or its replies flow (``replying``), and it
+        is not ejected or removed."""
         now = self.clock.seconds() if now is None else now
         return (not b.ejected and not b.removed and b.full_at is not None
-                and now - b.full_at <= STALE_AFTER_INTERVALS * self.full_interval)
+                and (now - b.full_at <= STALE_AFTER_INTERVALS * self.full_interval
+                     or self.replying(b, now)))
+
+    def replying(self, b: BackendState, now: float) -> bool:
+        """Whether bytes of a reply arrived from it within ``REPLYING_INTERVALS`` rounds."""
+        return b.replied_at is not None and now - b.replied_at <= (
+            REPLYING_INTERVALS * self.load_interval)
 
     # --- readiness -----------------------------------------------------------------------
 
@@ -338,7 +350,11 @@ class Scraper(Service):
             b.failing = str(e)
             b.failed_rounds += 1
             if b.failed_rounds >= DOWN_AFTER_FAILED_ROUNDS:
-                state.down(b, str(e))
+                if not state.replying(b, state.clock.seconds()):
+                    state.down(b, str(e))
+                elif b.failed_rounds == DOWN_AFTER_FAILED_ROUNDS:
+                    log.warn("backend {url} misses its scrapes but its replies flow: kept up",
+                             url=b.url)
         finally:
             b.rounds += 1
             state._check_ready()

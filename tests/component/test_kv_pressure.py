@@ -52,7 +52,7 @@ async def _hit_rate(kv_usage_counts: str) -> tuple[float, list[str], list[float]
         kv: list[float] = []
         prompt = cached = 0
         reasons: list[str] = []
-        for batch in range(30):
+        for batch in range(60):
             replies = await gatherResults([ensureDeferred(_chat(fleet, rng.choice(SYSTEMS),
                                                                 f"q{batch}-{k}"))
                                            for k in range(3)])

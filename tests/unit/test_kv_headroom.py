@@ -45,12 +45,12 @@ def test_the_cached_part_needs_no_room() -> None:
     assert d.scores[0].wait == 0
 
 
-def vllm(kv: float) -> FakeBackend:
+def vllm(kv: float, running: int = 2) -> FakeBackend:
     return FakeBackend({
         "/version": (200, b'{"version":"0.32.0"}'),
         "/v1/models": (200, b'{"object":"list","data":[{"id":"m"}]}'),
         "/metrics": (200, (
-            'vllm:num_requests_running{model_name="m"} 0\n'
+            f'vllm:num_requests_running{{model_name="m"}} {running}\n'
             'vllm:num_requests_waiting{model_name="m"} 0\n'
             f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n'
             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
@@ -72,6 +72,23 @@ def test_room_is_the_pool_less_usage_less_what_pharos_sent_since() -> None:
     assert sched.candidate(t, 0).kv_free_tokens == 200
     sched.learn_capacity(t.backend)  # what a round does after reading the engine
     assert sched.candidate(t, 0).kv_free_tokens == 800
+
+
+def test_usage_held_at_rest_is_cache_fill_and_says_no_room() -> None:
+    """An engine reporting 99 % KV usage with nothing running, queued or in flight counts its
+    cache's fill (evictable blocks), not blocks running requests hold: its room is unknown
+    from then on, never 16 tokens; vLLM's own count at rest (0) and a busy engine's high
+    usage leave the room known."""
+    url = "http://v"
+    for kv, running, counts_cache in ((0.99, 0, True), (0.0, 0, False), (0.99, 3, False)):
+        sched, state, clock = fleet({url: (vllm(kv, running),
+                                           BackendSpec(url=url, kind="vllm", capacity=8))})
+        clock.pump([1.0] * 6)
+        (t,) = state.targets
+        sched.learn_capacity(t.backend)  # what a round does after reading the engine
+        assert t.kv_counts_cache is counts_cache
+        room = sched.candidate(t, 0).kv_free_tokens
+        assert room is None if counts_cache else room == int((1 - kv) * 1600)
 
 
 def test_no_pool_no_room() -> None:

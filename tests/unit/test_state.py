@@ -100,6 +100,30 @@ def test_failure_is_recorded_and_the_loop_goes_on() -> None:
     state.service.stopService()
 
 
+def test_a_backend_whose_replies_flow_is_not_taken_down_for_missed_scrapes() -> None:
+    """Scrapes that fail while reply bytes keep arriving (an engine too busy to answer
+    /metrics in time) leave it up, never ejected, past the views' staleness; once the replies
+    stop too, it goes down within a few rounds."""
+    fake = ollama()
+    state, clock, _ = make({"http://a:1": fake})
+    downs: list[str] = []
+    state.on_down = lambda b, why: downs.append(b.url)
+    state.set_backends([spec()])
+    state.service.startService()
+    clock.advance(0.5)
+    b = state.backends["http://a:1"]
+    fake.answers = {p: FetchError("timed out") for p in fake.answers}
+    for _ in range(30):
+        b.replied_at = clock.seconds()  # what a lease's touch does per relayed chunk
+        clock.advance(1.0)
+    assert b.failed_rounds >= 20 and not b.ejected and downs == []
+    assert state.is_up(b)
+    for _ in range(6):
+        clock.advance(1.0)
+    assert set(downs) == {"http://a:1"} and b.ejected and not state.is_up(b)
+    state.service.stopService()
+
+
 def test_views_go_stale_after_three_intervals() -> None:
     """A backend that stops answering keeps its last view only until it is stale."""
     fake = ollama()
