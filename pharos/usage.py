@@ -1,0 +1,520 @@
+"""Usage and quotas (spec §11, issue 11 items 3 and 5): per-origin counter cells, the
+requests-per-minute window, and daily token budgets held by reservation.
+
+**Cells.** Every count lives in a cell keyed by (origin, kind, bucket, key, tenant, model).
+A process only increments its own origin's cells; cells of other origins (peers, a state
+file written by a departed instance) are read-only copies. ``merge`` keeps the field-wise
+max per cell, so deltas may arrive late, twice or out of order and the result is the same
+(commutative, idempotent, associative). Totals sum over origins. Minute cells count
+admissions for the RPM window and live two minutes; Day cells count finished requests and
+live ``retention_days``.
+
+**RPM** is the sliding-window estimate prev_minute × (1 − elapsed share) + current_minute,
+counted at admission (a refused request is not counted), so a burst is limited before it
+reaches an engine.
+
+**Tokens per day** are held by reservation (the gateway seed 003: reserve, then reconcile):
+admission reserves the request's estimated tokens (``estimate_tokens``) against the key's
+and the tenant's remaining budget and refuses when they do not fit; the reply's real usage
+replaces the reservation (``settle``). Charging only after the reply (what peers do) lets
+every request admitted while others stream spend the same remaining budget; reserving first
+means the day's spend passes the budget only by what a request used beyond its estimate.
+
+Unknown is ``None``, never 0: a reply without token counts is *unmetered* (counted as a
+request, its tokens unknown), and an unknown limit is no limit.
+
+Pure and synchronous: time comes from an injected clock (``seconds()``, a reactor or
+``task.Clock``), dates are dates in ``usage.timezone``, and nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import math
+import zoneinfo
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time, tzinfo
+from typing import Final, Literal, Protocol, TypeAlias, get_args
+
+from pharos.config import DEFAULT_RETENTION_DAYS
+
+#: Completion tokens assumed for a request that does not say ``max_tokens`` (an assumption:
+#: a long chat answer; engines' own defaults run to the context's end, so a request without
+#: ``max_tokens`` is the one whose real usage can pass its estimate).
+DEFAULT_COMPLETION_ESTIMATE: Final = 1024
+#: The largest estimate: the largest integer a float or any JSON reader holds exactly. Far
+#: above any daily budget, so an absurd ``max_tokens`` (10^9, 10^30) is refused because it
+#: cannot fit the budget, and nothing downstream (WFQ costs in floats, exported cells) sees
+#: an integer it cannot represent.
+MAX_ESTIMATE: Final = 2**53 - 1
+#: Minute cells kept: the current minute and the one before (all the window reads).
+MINUTE_CELLS_KEPT: Final = 2
+#: Counted fields of a cell, in the order of exports, rows and CSV columns.
+COUNT_FIELDS: Final = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
+                       "unmetered")
+
+GroupBy: TypeAlias = Literal["key", "model", "tenant"]
+Budget: TypeAlias = Literal["key", "tenant"]
+#: A usage row or an exported cell: plain JSON-able data.
+Row: TypeAlias = dict[str, str | int]
+
+_EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
+#: Slack in the RPM comparison, so the moment ``admit_rpm`` names is admitted despite float
+#: rounding.
+_RPM_SLACK: Final = 1e-9
+
+
+class Clock(Protocol):
+    """What usage needs of the reactor: ``IReactorTime.seconds``."""
+
+    def seconds(self) -> float: ...
+
+
+class Kind(enum.Enum):
+    """A Day cell counts finished requests for a day; a Minute cell counts admissions."""
+
+    DAY = "day"
+    MINUTE = "minute"
+
+
+@dataclass(frozen=True, slots=True)
+class CellKey:
+    """Which counter: ``bucket`` is the day number in the usage timezone (days since
+    1970-01-01 there) or the unix minute; ``model`` is "" for Minute cells."""
+
+    origin: str
+    kind: Kind
+    bucket: int
+    key: str
+    tenant: str
+    model: str
+
+    def sort_key(self) -> tuple[str, str, int, str, str, str]:
+        return (self.origin, self.kind.value, self.bucket, self.key, self.tenant, self.model)
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """A cell's counters. ``cached_tokens`` are part of ``prompt_tokens`` (as engines report
+    them); ``unmetered`` counts served requests whose usage is unknown."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    unmetered: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """What a quota counts: prompt plus completion tokens (known ones only)."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.requests + other.requests,
+                      self.prompt_tokens + other.prompt_tokens,
+                      self.cached_tokens + other.cached_tokens,
+                      self.completion_tokens + other.completion_tokens,
+                      self.unmetered + other.unmetered)
+
+    def max(self, other: Counts) -> Counts:
+        """Field-wise max: the merge of two copies of one cell."""
+        return Counts(max(self.requests, other.requests),
+                      max(self.prompt_tokens, other.prompt_tokens),
+                      max(self.cached_tokens, other.cached_tokens),
+                      max(self.completion_tokens, other.completion_tokens),
+                      max(self.unmetered, other.unmetered))
+
+
+ZERO: Final = Counts()
+
+
+class Calendar:
+    """Days in the usage timezone (``None``: the host's zone, with its daylight saving rules
+    as the C library knows them). A day number is the count of days since 1970-01-01 in that
+    zone, so peers agree on buckets whatever their own zone."""
+
+    def __init__(self, timezone: str | None = None) -> None:
+        self.zone: tzinfo | None = zoneinfo.ZoneInfo(timezone) if timezone else None
+
+    def day_of(self, ts: float) -> int:
+        """The day number holding unix time ``ts``."""
+        return datetime.fromtimestamp(ts, self.zone).date().toordinal() - _EPOCH_ORDINAL
+
+    def to_date(self, day: int) -> date:
+        """The date of a day number."""
+        return date.fromordinal(day + _EPOCH_ORDINAL)
+
+    def from_date(self, d: date) -> int:
+        """The day number of a date."""
+        return d.toordinal() - _EPOCH_ORDINAL
+
+    def _midnight(self, day: int) -> datetime:
+        at = datetime.combine(self.to_date(day), time(), tzinfo=self.zone)
+        return at.astimezone() if self.zone is None else at
+
+    def start(self, day: int) -> float:
+        """Unix time the day starts (where midnight falls in a DST gap: the transition)."""
+        return self._midnight(day).timestamp()
+
+    def label(self, day: int) -> str:
+        """The day's start in RFC 3339 with the zone's offset: 2026-09-28T00:00:00+07:00, so a
+        reader elsewhere knows which day it is."""
+        return self._midnight(day).isoformat()
+
+
+@dataclass(eq=False, slots=True)
+class Reservation:
+    """Tokens held against a key's and its tenant's budget for ``day`` until the request is
+    settled or released. Identity matters: each admitted request holds its own."""
+
+    key: str
+    tenant: str
+    day: int
+    tokens: int
+    open: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A reservation that did not fit ``budget``. ``retry_after`` is the seconds to the next
+    day in the usage timezone (at least 1), or ``None`` when the request's estimate exceeds
+    the whole daily budget, so no wait helps (a ``max_tokens`` of 10^9)."""
+
+    budget: Budget
+    retry_after: float | None
+
+
+def estimate_tokens(prompt_tokens: int, max_tokens: int | None,
+                    default_completion: int = DEFAULT_COMPLETION_ESTIMATE) -> int:
+    """A request's reservation: its estimated prompt tokens plus ``max_tokens`` (the most the
+    engine will generate) or ``default_completion`` when absent. Negative inputs count as 0
+    (the parser answers them with a 400), at least 1 (every request costs something, so a
+    spent budget refuses everything), at most ``MAX_ESTIMATE``."""
+    completion = default_completion if max_tokens is None else max_tokens
+    return min(MAX_ESTIMATE, max(1, max(0, prompt_tokens) + max(0, completion)))
+
+
+def rpm_estimate(prev: float, cur: float, elapsed: float) -> float:
+    """The sliding-window estimate of the last minute's requests: ``elapsed`` is the share
+    of the current minute gone (0 ≤ elapsed < 1)."""
+    return prev * (1.0 - elapsed) + cur
+
+
+def rpm_wait(prev: float, cur: float, limit: int, elapsed: float) -> float:
+    """Seconds until one more request fits ``limit`` (estimate + 1 ≤ limit) if nothing else
+    is admitted meanwhile; 0 when it fits now. A limit below 1 admits nothing: 60 s."""
+    room = limit - 1
+    if room < 0:
+        return 60.0
+    if rpm_estimate(prev, cur, elapsed) <= room + _RPM_SLACK * max(1, limit):
+        return 0.0
+    if cur <= room:  # fits later this minute, as the previous minute's share shrinks
+        return (1.0 - (room - cur) / prev - elapsed) * 60.0
+    # Only next minute, when this minute's count is the one that shrinks.
+    return (1.0 - elapsed) * 60.0 + (1.0 - room / cur) * 60.0
+
+
+def columns(by: GroupBy) -> tuple[str, ...]:
+    """The columns of a usage row grouped ``by``: JSON fields and CSV header alike."""
+    return ("day", by, *COUNT_FIELDS)
+
+
+def to_csv(rows: Iterable[Mapping[str, str | int]], by: GroupBy) -> str:
+    """Rows as CSV (RFC 4180, CRLF), with a header of ``columns(by)``."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns(by), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _bump(index: dict[tuple[int, str], int], at: tuple[int, str], delta: int) -> None:
+    value = index.get(at, 0) + delta
+    if value:
+        index[at] = value
+    else:
+        index.pop(at, None)
+
+
+def _count(raw: Mapping[str, object], name: str) -> int:
+    value = raw.get(name)
+    if type(value) is not int or value < 0:
+        raise ValueError(f"usage cell: {name} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _text(raw: Mapping[str, object], name: str) -> str:
+    value = raw.get(name)
+    if not isinstance(value, str):
+        raise ValueError(f"usage cell: {name} must be a string, not {value!r}")
+    return value
+
+
+def parse_cell(raw: Mapping[str, object]) -> tuple[CellKey, Counts]:
+    """One exported cell back; ``ValueError`` names what is malformed."""
+    try:
+        kind = Kind(raw.get("kind"))
+    except ValueError:
+        raise ValueError(
+            f"usage cell: kind must be 'day' or 'minute', not {raw.get('kind')!r}") from None
+    bucket = raw.get("bucket")
+    if type(bucket) is not int:
+        raise ValueError(f"usage cell: bucket must be an integer, not {bucket!r}")
+    model = _text(raw, "model")
+    if kind is Kind.MINUTE and model:
+        raise ValueError(f"usage cell: a minute cell has no model, not {model!r}")
+    cell = CellKey(_text(raw, "origin"), kind, bucket, _text(raw, "key"), _text(raw, "tenant"),
+                   model)
+    return cell, Counts(*(_count(raw, name) for name in COUNT_FIELDS))
+
+
+class Ledger:
+    """This process's usage cells, copies of its peers', and its open reservations.
+
+    ``origin`` names this process (stable across restarts if its state file is reloaded, so
+    its own restored cells keep counting up). ``timezone`` is ``usage.timezone`` (``None``:
+    the host's); ``retention_days`` is how many days of Day cells are kept, today included.
+    """
+
+    def __init__(self, clock: Clock, origin: str, timezone: str | None = None,
+                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
+        self.clock = clock
+        self.origin = origin
+        self.calendar = Calendar(timezone)
+        self.retention_days = retention_days
+        self._cells: dict[CellKey, Counts] = {}
+        self._buckets: dict[tuple[Kind, int], set[CellKey]] = {}
+        # Sums over origins, kept as cells change (so admission is O(1)):
+        # (minute, key or tenant) -> requests; (day, key or tenant) -> known tokens.
+        self._key_minute: dict[tuple[int, str], int] = {}
+        self._tenant_minute: dict[tuple[int, str], int] = {}
+        self._key_tokens: dict[tuple[int, str], int] = {}
+        self._tenant_tokens: dict[tuple[int, str], int] = {}
+        # (day, key or tenant) -> tokens held by open reservations.
+        self._key_reserved: dict[tuple[int, str], int] = {}
+        self._tenant_reserved: dict[tuple[int, str], int] = {}
+        self._day: int | None = None
+        self._day_start = math.inf
+        self._day_end = -math.inf
+        self._minute: int | None = None
+
+    # -- time --------------------------------------------------------------------------
+
+    def _today(self) -> int:
+        """Today's day number; a new day drops Day cells past retention."""
+        now = self.clock.seconds()
+        if not self._day_start <= now < self._day_end or self._day is None:
+            day = self.calendar.day_of(now)
+            self._day_start, self._day_end = self.calendar.start(day), self.calendar.start(day + 1)
+            if day != self._day:
+                self._day = day
+                for kind, bucket in list(self._buckets):
+                    if kind is Kind.DAY and bucket <= day - self.retention_days:
+                        self._drop_bucket(kind, bucket)
+            return day
+        return self._day
+
+    def _this_minute(self, now: float | None = None) -> int:
+        """The unix minute of ``now`` (default: the clock's); a new minute drops Minute cells
+        the window no longer reads (spec: older than 2 minutes)."""
+        minute = math.floor((self.clock.seconds() if now is None else now) / 60.0)
+        if minute != self._minute:
+            self._minute = minute
+            for kind, bucket in list(self._buckets):
+                if kind is Kind.MINUTE and bucket <= minute - MINUTE_CELLS_KEPT:
+                    self._drop_bucket(kind, bucket)
+        return minute
+
+    def today(self) -> date:
+        """Today's date in the usage timezone."""
+        return self.calendar.to_date(self._today())
+
+    # -- cells -------------------------------------------------------------------------
+
+    def _index(self, cell: CellKey, requests: int, tokens: int) -> None:
+        if cell.kind is Kind.MINUTE:
+            _bump(self._key_minute, (cell.bucket, cell.key), requests)
+            _bump(self._tenant_minute, (cell.bucket, cell.tenant), requests)
+        else:
+            _bump(self._key_tokens, (cell.bucket, cell.key), tokens)
+            _bump(self._tenant_tokens, (cell.bucket, cell.tenant), tokens)
+
+    def _put(self, cell: CellKey, counts: Counts) -> None:
+        old = self._cells.get(cell)
+        if old is None:
+            self._buckets.setdefault((cell.kind, cell.bucket), set()).add(cell)
+            old = ZERO
+        self._cells[cell] = counts
+        self._index(cell, counts.requests - old.requests, counts.tokens - old.tokens)
+
+    def _drop_bucket(self, kind: Kind, bucket: int) -> None:
+        for cell in self._buckets.pop((kind, bucket), ()):
+            old = self._cells.pop(cell)
+            self._index(cell, -old.requests, -old.tokens)
+
+    def _add(self, kind: Kind, bucket: int, key: str, tenant: str, model: str,
+             delta: Counts) -> None:
+        """Increment one of this origin's own cells (the only cells a process increments)."""
+        cell = CellKey(self.origin, kind, bucket, key, tenant, model)
+        self._put(cell, self._cells.get(cell, ZERO) + delta)
+
+    def export(self, *, minutes: bool = True) -> list[Row]:
+        """Every live cell of every origin as plain JSON-able dicts, in a fixed order. Peers
+        want the Minute cells (the RPM window across instances); the state file passes
+        ``minutes=False`` (spec: Minute cells are never persisted)."""
+        self._today()
+        self._this_minute()
+        out: list[Row] = []
+        for cell in sorted(self._cells, key=CellKey.sort_key):
+            if cell.kind is Kind.MINUTE and not minutes:
+                continue
+            counts = self._cells[cell]
+            out.append({"origin": cell.origin, "kind": cell.kind.value, "bucket": cell.bucket,
+                        "key": cell.key, "tenant": cell.tenant, "model": cell.model,
+                        **{name: getattr(counts, name) for name in COUNT_FIELDS}})
+        return out
+
+    def merge(self, exported: Iterable[Mapping[str, object]]) -> int:
+        """Fold in cells exported anywhere (a peer, a state file, this process earlier):
+        field-wise max per cell. All or nothing: a malformed cell raises ``ValueError``
+        before any is merged. Cells past retention, and Minute cells the window no longer
+        reads, are skipped. Returns how many cells changed."""
+        parsed = [parse_cell(raw) for raw in exported]
+        today, minute = self._today(), self._this_minute()
+        changed = 0
+        for cell, counts in parsed:
+            if cell.kind is Kind.MINUTE and cell.bucket <= minute - MINUTE_CELLS_KEPT:
+                continue
+            if cell.kind is Kind.DAY and cell.bucket <= today - self.retention_days:
+                continue
+            old = self._cells.get(cell)
+            new = counts if old is None else old.max(counts)
+            if new != old:
+                self._put(cell, new)
+                changed += 1
+        return changed
+
+    # -- requests per minute -----------------------------------------------------------
+
+    def admit_rpm(self, key: str, tenant: str, limit: int | None,
+                  tenant_limit: int | None = None) -> float | None:
+        """Admit one request under the key's (and the tenant's) requests-per-minute limit
+        (``None``: unlimited) and count it; or count nothing and return the seconds (≥ 1)
+        until the window's estimate leaves room for it, if nothing else is admitted."""
+        now = self.clock.seconds()
+        minute = self._this_minute(now)
+        elapsed = now / 60.0 - minute
+        wait = 0.0
+        for index, name, cap in ((self._key_minute, key, limit),
+                                 (self._tenant_minute, tenant, tenant_limit)):
+            if cap is not None:
+                wait = max(wait, rpm_wait(index.get((minute - 1, name), 0),
+                                          index.get((minute, name), 0), cap, elapsed))
+        if wait > 0.0:
+            return max(1.0, wait)
+        self._add(Kind.MINUTE, minute, key, tenant, "", Counts(requests=1))
+        return None
+
+    # -- tokens per day ----------------------------------------------------------------
+
+    def _pick(self, key: str | None, tenant: str | None, by_key: dict[tuple[int, str], int],
+              by_tenant: dict[tuple[int, str], int]) -> int:
+        if key is not None:
+            return by_key.get((self._today(), key), 0)
+        if tenant is not None:
+            return by_tenant.get((self._today(), tenant), 0)
+        raise TypeError("name a key or a tenant")
+
+    def spent_today(self, *, key: str | None = None, tenant: str | None = None) -> int:
+        """Known tokens (prompt + completion) counted today for a key or a tenant, summed
+        over origins."""
+        return self._pick(key, tenant, self._key_tokens, self._tenant_tokens)
+
+    def reserved_today(self, *, key: str | None = None, tenant: str | None = None) -> int:
+        """Tokens held today by this process's open reservations for a key or a tenant."""
+        return self._pick(key, tenant, self._key_reserved, self._tenant_reserved)
+
+    def reserve(self, key: str, tenant: str, tokens: int, key_limit: int | None,
+                tenant_limit: int | None = None) -> Reservation | Refusal:
+        """Hold ``tokens`` (``estimate_tokens``; at least 1) against today's remaining budget
+        of the key and of its tenant (limits of ``None`` are unlimited), or refuse naming
+        the budget that does not fit. Spent plus held never passes a limit here, which is
+        what bounds the day's overspend to what requests use beyond their estimates."""
+        tokens = max(1, tokens)
+        day = self._today()
+        checks: tuple[tuple[Budget, int | None, dict[tuple[int, str], int],
+                            dict[tuple[int, str], int], str], ...] = (
+            ("key", key_limit, self._key_tokens, self._key_reserved, key),
+            ("tenant", tenant_limit, self._tenant_tokens, self._tenant_reserved, tenant))
+        for budget, limit, spent, held, name in checks:
+            if limit is None:
+                continue
+            if tokens > limit:
+                return Refusal(budget, None)
+            if spent.get((day, name), 0) + held.get((day, name), 0) + tokens > limit:
+                return Refusal(budget, max(1.0, self._day_end - self.clock.seconds()))
+        _bump(self._key_reserved, (day, key), tokens)
+        _bump(self._tenant_reserved, (day, tenant), tokens)
+        return Reservation(key, tenant, day, tokens)
+
+    def _close(self, reservation: Reservation) -> bool:
+        if not reservation.open:
+            return False
+        reservation.open = False
+        _bump(self._key_reserved, (reservation.day, reservation.key), -reservation.tokens)
+        _bump(self._tenant_reserved, (reservation.day, reservation.tenant),
+              -reservation.tokens)
+        return True
+
+    def release(self, reservation: Reservation) -> bool:
+        """Free a reservation with nothing counted: the client left while queued, or the
+        request was refused after admission. False if it was already closed."""
+        return self._close(reservation)
+
+    def settle(self, reservation: Reservation, model: str, prompt_tokens: int | None,
+               cached_tokens: int | None, completion_tokens: int | None) -> bool:
+        """Replace the reservation with the reply's real usage, counted today (tokens count
+        when the reply ends). Unknown prompt or completion tokens (``None``, or a negative
+        count no engine means) count the request as unmetered: a request, no tokens, never
+        0 as if known. Unknown cached tokens add none. False, and nothing counted, if the
+        reservation was already settled or released (a retried request counts once)."""
+        if not self._close(reservation):
+            return False
+        if prompt_tokens is None or completion_tokens is None or min(
+                prompt_tokens, completion_tokens) < 0:
+            delta = Counts(requests=1, unmetered=1)
+        else:
+            cached = cached_tokens if cached_tokens is not None and cached_tokens > 0 else 0
+            delta = Counts(requests=1, prompt_tokens=prompt_tokens, cached_tokens=cached,
+                           completion_tokens=completion_tokens)
+        self._add(Kind.DAY, self._today(), reservation.key, reservation.tenant, model, delta)
+        return True
+
+    # -- history -----------------------------------------------------------------------
+
+    def rows(self, from_day: date, to_day: date, by: GroupBy = "key") -> list[Row]:
+        """Usage per day (inclusive range of dates in the usage timezone) and per ``by``,
+        summed over origins: dicts with ``columns(by)``, by day then group. Days with no
+        usage have no rows."""
+        if by not in get_args(GroupBy):
+            raise ValueError(f"by must be one of {get_args(GroupBy)}, not {by!r}")
+        self._today()
+        low, high = self.calendar.from_date(from_day), self.calendar.from_date(to_day)
+        days = sorted(bucket for kind, bucket in self._buckets
+                      if kind is Kind.DAY and low <= bucket <= high)
+        out: list[Row] = []
+        for day in days:
+            groups: dict[str, Counts] = {}
+            for cell in self._buckets[(Kind.DAY, day)]:
+                group = getattr(cell, by)
+                groups[group] = groups.get(group, ZERO) + self._cells[cell]
+            label = self.calendar.label(day)
+            for group in sorted(groups):
+                counts = groups[group]
+                out.append({"day": label, by: group,
+                            **{name: getattr(counts, name) for name in COUNT_FIELDS}})
+        return out
+
