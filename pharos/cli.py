@@ -1,4 +1,5 @@
-"""The ``pharos`` console script: ``doctor``, ``check`` (and, as they land, keys, bench, ...).
+"""The ``pharos`` console script: ``check``, ``config-schema``, ``doctor``, ``keys``, ``bench``,
+``sim-engine``.
 
 This module and ``pharos.tap`` are the only ones that touch the global reactor.
 """
@@ -43,6 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("config-schema",
                             help="print the config file's JSON Schema (for editors)")
     schema.set_defaults(func=cmd_config_schema)
+
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(metavar="ACTION")
+    new = keys_sub.add_parser(
+        "new", help="make a key: prints it once, with the config entry that holds its SHA-256")
+    new.add_argument("--name", required=True, help="the key's name (usage is recorded by it)")
+    new.add_argument("--tenant", help="the tenant it belongs to (a name in tenants:)")
+    new.add_argument("--admin", action="store_true", help="may call /admin/* and /usage")
+    new.set_defaults(func=cmd_keys_new)
 
     doctor = sub.add_parser(
         "doctor", help="show what Pharos reads from each backend (and record captures)"
@@ -126,6 +136,31 @@ def cmd_config_schema(args: argparse.Namespace) -> int:
     from pharos.config_schema import schema
 
     print(json.dumps(schema(), indent=1, ensure_ascii=False))
+    return 0
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    """``pharos keys new --name NAME``: the key once on stdout with its YAML entry; the key
+    itself is stored nowhere (Pharos keeps its SHA-256 only)."""
+    import json
+
+    from pharos.proxy.auth import new_key
+
+    name: str = args.name
+    if not name.strip() or any(c in name for c in "\r\n\t") or name != name.strip():
+        print(f"pharos keys new: --name must be a non-empty name without surrounding spaces or "
+              f"control characters, got {name!r}", file=sys.stderr)
+        return 2
+    key, sha256 = new_key()
+    print(key)
+    print(f"# the key of {name} above is shown once: store it now (Pharos keeps only its "
+          f"SHA-256)\n# add this entry to the keys: section of pharos.yaml")
+    print(f"- name: {json.dumps(name, ensure_ascii=False)}")
+    print(f"  sha256: {sha256}")
+    if args.tenant:
+        print(f"  tenant: {json.dumps(args.tenant, ensure_ascii=False)}")
+    if args.admin:
+        print("  admin: true")
     return 0
 
 

@@ -58,6 +58,9 @@ DEFAULT_POLICY: Final[Policy] = "cost"
 DEFAULT_KIND: Final[BackendKind] = "auto"
 DEFAULT_SCALE: Final[Scale] = "ratio"
 DEFAULT_WEIGHT: Final = 1
+#: The tenant of a key that names none: with no ``tenants:`` every key shares it, and the fair
+#: queue is the one-tenant case (spec §8's weighted round-robin over keys).
+DEFAULT_TENANT: Final = "default"
 DEFAULT_RETENTION_DAYS: Final = 400
 DEFAULT_DRAIN_GRACE: Final = 5.0
 DEFAULT_DRAIN_TIMEOUT: Final = 600.0
@@ -76,12 +79,10 @@ DEFAULT_QUEUE_STUCK: Final = 300.0
 
 #: Top-level fields a reload applies without a restart (§10 hot reload); every other field,
 #: including any added later, is reported as needing a restart, which is the safe side.
-LIVE_FIELDS: Final = frozenset({"backends", "keys"})
+LIVE_FIELDS: Final = frozenset({"backends", "keys", "tenants"})
 
 #: Sections parsed (so their errors are reported) but refused until their feature exists.
 NOT_YET: Final = {
-    "keys": "API keys and quotas come with the keys/usage issue; without keys every client "
-            "is let in",
     "usage": "usage accounting comes with the keys/usage issue",
     "state_file": "the state file comes with the availability issue",
     "drain": "graceful drain comes with the availability issue",
@@ -254,6 +255,18 @@ class Key:
     weight: int = DEFAULT_WEIGHT
     models: tuple[str, ...] = ()
     admin: bool = False
+    tenant: str = DEFAULT_TENANT
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A group of keys sharing a fair-queue share and, optionally, a daily token budget and a
+    requests-per-minute limit across its keys (``None``: unlimited)."""
+
+    name: str
+    weight: int = DEFAULT_WEIGHT
+    rpm: int | None = None
+    tokens_per_day: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +330,7 @@ class Config:
     policy: Policy = DEFAULT_POLICY
     backends: tuple[Backend, ...] = ()
     keys: tuple[Key, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
     state_file: str | None = None
     usage: Usage = Usage()
     drain: Drain = Drain()
@@ -553,8 +567,8 @@ class _Parser:
         m = self.mapping(
             raw,
             "",
-            ("listen", "policy", "backends", "keys", "state_file", "usage", "drain", "peers",
-             "routing", "timeouts"),
+            ("listen", "policy", "backends", "keys", "tenants", "state_file", "usage", "drain",
+             "peers", "routing", "timeouts"),
         )
         if m is None:
             return Config()
@@ -566,11 +580,19 @@ class _Parser:
         state_file = None
         if m.get("state_file") is not None:
             state_file = self.text(m["state_file"], "state_file", "a path")
+        backends = self.backends(m.get("backends"))
+        keys = self.keys(m.get("keys"))
+        tenants = self.tenants(m.get("tenants"))
+        named = {t.name for t in tenants} | {DEFAULT_TENANT}
+        for i, key in enumerate(keys):
+            if key.tenant not in named:
+                self.error(f"keys[{i}].tenant", f"no tenant named {key.tenant!r} in tenants")
         return Config(
             listen=listen,
             policy=policy,
-            backends=self.backends(m.get("backends")),
-            keys=self.keys(m.get("keys")),
+            backends=backends,
+            keys=keys,
+            tenants=tenants,
             state_file=state_file,
             usage=self.usage(m.get("usage")),
             drain=self.drain(m.get("drain")),
@@ -913,7 +935,8 @@ class _Parser:
         return tuple(keys)
 
     def key(self, raw: object, path: str) -> Key | None:
-        known = ("name", "sha256", "rpm", "tokens_per_day", "weight", "models", "admin")
+        known = ("name", "sha256", "rpm", "tokens_per_day", "weight", "models", "admin",
+                 "tenant")
         m = self.mapping(raw, path, known, required=("name", "sha256"))
         if m is None:
             return None
@@ -941,6 +964,9 @@ class _Parser:
                 admin = raw_admin
             else:
                 self.expected(_at(path, "admin"), "true or false", raw_admin)
+        tenant = DEFAULT_TENANT
+        if m.get("tenant") is not None:
+            tenant = self.text(m["tenant"], _at(path, "tenant")) or tenant
         return Key(
             name=name or "",
             sha256=sha256 or "",
@@ -949,7 +975,35 @@ class _Parser:
             weight=weight,
             models=tuple(models),
             admin=admin,
+            tenant=tenant,
         )
+
+    def tenants(self, raw: object) -> tuple[Tenant, ...]:
+        tenants: list[Tenant] = []
+        names: set[str] = set()
+        for i, item in enumerate(self.items(raw, "tenants")):
+            path = f"tenants[{i}]"
+            m = self.mapping(item, path, ("name", "weight", "rpm", "tokens_per_day"),
+                             required=("name",))
+            if m is None:
+                continue
+            name = self.text(m["name"], _at(path, "name")) if "name" in m else None
+            if name is None:
+                continue
+            if name in names:
+                self.error(_at(path, "name"), f"duplicate tenant name {name!r}")
+            names.add(name)
+            weight = DEFAULT_WEIGHT
+            if m.get("weight") is not None:
+                weight = self.integer(m["weight"], _at(path, "weight")) or weight
+            limits: dict[str, int | None] = {}
+            for limit in ("rpm", "tokens_per_day"):
+                raw_limit = m.get(limit)
+                limits[limit] = (None if raw_limit is None
+                                 else self.integer(raw_limit, _at(path, limit)))
+            tenants.append(Tenant(name=name, weight=weight, rpm=limits["rpm"],
+                                  tokens_per_day=limits["tokens_per_day"]))
+        return tuple(tenants)
 
     def usage(self, raw: object) -> Usage:
         if raw is None:

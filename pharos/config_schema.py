@@ -73,7 +73,15 @@ def schema() -> dict[str, Any]:
         "weight": _POSITIVE_INT,
         "models": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "admin": {"type": "boolean"},
-    }, required=("name", "sha256"))
+        "tenant": {"type": "string", "minLength": 1,
+                   "description": "a name from tenants (default: the tenant 'default')"},
+    }, required=("name", "sha256"), description="an API key (pharos keys new --name NAME)")
+    tenant = _object({
+        "name": {"type": "string", "minLength": 1},
+        "weight": _POSITIVE_INT,
+        "rpm": _POSITIVE_INT,
+        "tokens_per_day": _POSITIVE_INT,
+    }, required=("name",), description="a group of keys: fair-queue share and budgets")
     unbuilt = "not supported yet: refused at start"
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -82,7 +90,8 @@ def schema() -> dict[str, Any]:
             "listen": _LISTEN,
             "policy": {"enum": list(POLICIES)},
             "backends": {"type": "array", "items": backend},
-            "keys": {"type": "array", "items": key, "description": unbuilt},
+            "keys": {"type": "array", "items": key},
+            "tenants": {"type": "array", "items": tenant},
             "state_file": {"type": "string", "minLength": 1, "description": unbuilt},
             "usage": _object({"timezone": {"type": "string"},
                               "retention_days": _POSITIVE_INT}, description=unbuilt),

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections import Counter, OrderedDict, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred, fail
 
+from pharos.config import DEFAULT_TENANT
 from pharos.engine.signals import Residency
+from pharos.fairq import FairQueue
 from pharos.hot import UTILIZATION, HotPrefixes
 from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
 from pharos.prefix import (
@@ -67,6 +69,13 @@ REPROBE_ROUNDS = 10
 #: Where a target's capacity came from (explain, doctor).
 CAPACITY_ENGINE, CAPACITY_CONFIG, CAPACITY_LEARNED, CAPACITY_DEFAULT = (
     "engine", "config", "learned", "default")
+#: The fair queue's cost of a request (``request_cost``), in decode tokens: a prompt token
+#: costs this fraction of one (assumed: batched prefill runs about ten tokens in the engine
+#: time of one decode step's token); an output limit counts at most ``MAX_COST_OUTPUT_TOKENS``
+#: (a ``max_tokens`` of 10^9 is not a billion tokens of work) and, unset, ``DEFAULT_OUTPUT_TOKENS``.
+PREFILL_TOKENS_PER_DECODE_TOKEN = 10
+MAX_COST_OUTPUT_TOKENS = 4096
+DEFAULT_OUTPUT_TOKENS = 256
 #: Sessions remembered for affinity (least recently used go first).
 SESSIONS = 100_000
 #: Engines whose prefix cache serves every request as soon as a prompt is computed, so a
@@ -101,6 +110,7 @@ class SchedRequest:
     kind: str | None = None  # only backends of this kind (Ollama's native routes)
     chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
     session: int | None = None  # the conversation it names (x-session-id or ``user``), hashed
+    output_tokens: int | None = None  # the client's output limit (max_tokens), if it set one
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +206,20 @@ class _Waiter:
     key: str
     weight: int
     req: SchedRequest
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: int = 1
+    cost: float = 1.0  # the fair queue's charge (``request_cost``)
     d: Deferred[Lease] = field(default_factory=Deferred)
     arriving: bool = True  # still inside acquire: a grant now did not wait
+
+
+def request_cost(req: SchedRequest) -> float:
+    """A request's work for the fair queue, in decode tokens: its output (the client's
+    ``max_tokens``, capped, else ``DEFAULT_OUTPUT_TOKENS``) plus its prompt at
+    ``PREFILL_TOKENS_PER_DECODE_TOKEN``."""
+    out = req.output_tokens
+    output = DEFAULT_OUTPUT_TOKENS if out is None else min(out, MAX_COST_OUTPUT_TOKENS)
+    return 1.0 + output + req.prompt_tokens / PREFILL_TOKENS_PER_DECODE_TOKEN
 
 
 class Scheduler:
@@ -232,12 +254,8 @@ class Scheduler:
         self.queue_limit = queue_limit
         self.default_capacity = default_capacity
         self.seed = seed
-        self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
-        # Keys keep their queue (empty or not) so the round-robin order is stable; they are
-        # the configured keys, so there are few.
-        self._turn: str | None = None
-        self._left = 0
-        self.waiting = 0
+        self.queue: FairQueue[_Waiter] = FairQueue()
+        self._waiting_models: Counter[str] = Counter()  # waiters by model (the policy's queued)
         self._kicking = False
         #: Leases held now, for the watchdog; when a request last started or a lease was
         #: last given back (a queue with neither for long is wedged: /healthz).
@@ -250,9 +268,15 @@ class Scheduler:
 
     # --- admission -----------------------------------------------------------------------
 
-    def acquire(self, key: str, weight: int, req: SchedRequest,
-                front: bool = False) -> Deferred[Lease]:
-        """A lease on the best target now, or a place in ``key``'s FIFO (front for a retry).
+    @property
+    def waiting(self) -> int:
+        """Requests in the fair queue now."""
+        return self.queue.waiting
+
+    def acquire(self, key: str, weight: int, req: SchedRequest, front: bool = False, *,
+                tenant: str = DEFAULT_TENANT, tenant_weight: int = 1) -> Deferred[Lease]:
+        """A lease on the best target now, or a place in the fair queue under ``tenant`` and
+        ``key`` (at the front of its key's FIFO for a retry).
 
         Fails at once with UnknownModel, Unavailable or QueueFull.
         """
@@ -260,16 +284,12 @@ class Scheduler:
             self.targets(req)
         except (UnknownModel, Unavailable) as e:
             return fail(e)
-        w = _Waiter(key, max(1, weight), req)
+        w = _Waiter(key, max(1, weight), req, tenant, max(1, tenant_weight), request_cost(req))
         w.d = Deferred(lambda _: self._leave(w))
-        q = self._queues.setdefault(key, deque())
-        if front:
-            q.appendleft(w)
-        else:
-            q.append(w)
         if not self.waiting:
             self.waiting_since = self.state.clock.seconds()
-        self.waiting += 1
+        self.queue.push(w, front)
+        self._waiting_models[req.model] += 1
         self.kick()
         w.arriving = False
         if not w.d.called and self.waiting > self.queue_limit:
@@ -287,19 +307,21 @@ class Scheduler:
         return now - last
 
     def _leave(self, w: _Waiter) -> None:
-        q = self._queues.get(w.key)
-        if q is not None and w in q:
-            q.remove(w)
-            self.waiting -= 1
+        if self.queue.remove(w):
+            self._unwait(w)
+
+    def _unwait(self, w: _Waiter) -> None:
+        n = self._waiting_models[w.req.model] - 1
+        if n:
+            self._waiting_models[w.req.model] = n
+        else:
+            del self._waiting_models[w.req.model]
 
     # --- the fair queue ------------------------------------------------------------------
 
     def kick(self) -> None:
-        """Serve waiters while slots allow: deficit round-robin over keys by weight.
-
-        The key whose turn it is keeps it until it has had as many grants as its weight; a
-        key whose head waiter cannot be placed now is passed over without losing its turn.
-        """
+        """Serve waiters while slots allow, in the fair queue's order (``pharos.fairq``); a
+        key whose head waiter cannot be placed now is passed over without losing its place."""
         if self._kicking:
             return
         self._kicking = True
@@ -311,30 +333,16 @@ class Scheduler:
         finally:
             self._kicking = False
 
-    def _rotation(self) -> list[str]:
-        keys = list(self._queues)
-        turn = self._turn
-        if turn is None or turn not in self._queues:
-            return keys
-        i = keys.index(turn)
-        start = i if self._left > 0 else i + 1
-        return keys[start:] + keys[:start]
-
     def _grant_one(self, blocked: set[str]) -> bool:
-        for key in self._rotation():
-            q = self._queues[key]
-            if not q or key in blocked:
+        for w in self.queue.heads():
+            if w.key in blocked:
                 continue
-            w = q[0]
             lease = self._try_place(w)
             if lease is None:
-                blocked.add(key)
+                blocked.add(w.key)
                 continue
-            q.popleft()
-            self.waiting -= 1
-            if key != self._turn or self._left <= 0:
-                self._turn, self._left = key, w.weight
-            self._left -= 1
+            self.queue.served(w)
+            self._unwait(w)
             w.d.callback(lease)
             return True
         return False
@@ -453,7 +461,7 @@ class Scheduler:
 
     def decide(self, req: SchedRequest, targets: list[Target]) -> Placement:
         """The policy's decision over the candidates as they are now (no state changes)."""
-        queued = sum(1 for q in self._queues.values() for w in q if w.req.model == req.model)
+        queued = self._waiting_models.get(req.model, 0)
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         stale = self._evicted_since(req, matches) if matches else ()
         cands = []

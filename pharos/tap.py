@@ -16,6 +16,7 @@ from pharos.config import Config, ConfigError, load_config
 from pharos.engine.fetch import make_client
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
+from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
@@ -85,7 +86,8 @@ class PharosService(MultiService):
                                              eviction_pricing=r.eviction_pricing))
         self.state.on_round = self._round
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
-                                timeouts=config.timeouts)
+                                timeouts=config.timeouts,
+                                keyring=Keyring(config.keys, config.tenants))
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)

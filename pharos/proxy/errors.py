@@ -11,12 +11,14 @@ class ApiError(Exception):
     API shape. ``type`` and ``code`` follow OpenAI's where one fits, since SDKs read them."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 code: str | None = None) -> None:
+                 code: str | None = None,
+                 headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.code = code
+        self.headers = headers  # sent with the error (Retry-After, WWW-Authenticate)
 
     def body(self, ollama: bool, anthropic: bool = False) -> bytes:
         """The error body in the API shape of the route (Anthropic's for ``/v1/messages``,
@@ -94,6 +96,16 @@ def queue_full() -> ApiError:
 def too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body is larger than {limit} bytes",
                     code="request_too_large")
+
+
+def model_not_allowed(key: str, model: str) -> ApiError:
+    return ApiError(403, f"key {echo(key)!r} may not use model `{echo(model)}`",
+                    type="permission_error", code="model_not_allowed")
+
+
+def admin_only() -> ApiError:
+    return ApiError(403, "this route needs an admin key", type="permission_error",
+                    code="admin_required")
 
 
 def upstream(message: str, status: int = 502) -> ApiError:

@@ -30,6 +30,7 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
 from pharos.proxy import errors
+from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed
 from pharos.proxy.relay import EngineDied, Relay, Stalled, collect, response_headers
@@ -113,7 +114,7 @@ class Exchange:
                  sched: Scheduler, state: State, send: Send, clock: IReactorTime,
                  limits: Limits, inflight: Inflight, session: int | None,
                  start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
-                 key: str, weight: int = 1) -> None:
+                 who: Identity = OPEN) -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
@@ -126,8 +127,7 @@ class Exchange:
         self.inflight = inflight
         self.session = session
         self.start_reply = start_reply
-        self.key = key
-        self.weight = weight
+        self.who = who
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -234,7 +234,9 @@ class Exchange:
     async def _attempts(self) -> None:
         parsed, path = self.parsed, self.path
         req = SchedRequest(parsed.model, parsed.prompt_tokens, self.sched.seed(), kind=self.kind,
-                           chain=parsed.chain, session=self.session)
+                           chain=parsed.chain, session=self.session,
+                           output_tokens=parsed.max_tokens)
+        who = self.who
         tried: set[int] = set()
         refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
         failure: str | None = None
@@ -246,8 +248,8 @@ class Exchange:
             retrying = elsewhere > 0 or not stale_retry
             try:
                 lease = await self._wait(self.sched.acquire(
-                    self.key, self.weight, replace(req, exclude=frozenset(tried)),
-                    front=retrying))
+                    who.name, who.weight, replace(req, exclude=frozenset(tried)),
+                    front=retrying, tenant=who.tenant, tenant_weight=who.tenant_weight))
             except UnknownModel:
                 if retrying:
                     break

@@ -38,6 +38,8 @@ class Parsed:
     chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
     unfollowed: str | None = None  # why a chained route has no chain (a counter label)
     user: str | None = None  # the body's ``user`` field: a conversation name for affinity
+    #: The client's output limit (``output_limit``); None when it set none.
+    max_tokens: int | None = None
 
     def forward_body(self, served: str) -> bytes:
         """The body to send to the engine, naming the model as the engine knows it."""
@@ -154,7 +156,29 @@ def _parse(body: Any, raw: bytes, path: str) -> Parsed:
     user = body.get("user")
     return Parsed(model, (size + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN, stream, body, asked,
                   control, raw, insert_usage=asked and insert, chain=links, unfollowed=why,
-                  user=user if isinstance(user, str) and user else None)
+                  user=user if isinstance(user, str) and user else None,
+                  max_tokens=output_limit(body, path))
+
+
+#: Where each route family puts the output limit, in the order an engine reads them (OpenAI's
+#: chat: ``max_completion_tokens`` supersedes ``max_tokens``; Responses:
+#: ``max_output_tokens``; Anthropic: ``max_tokens``, required; Ollama: ``options.num_predict``,
+#: where -1 and -2 mean no limit).
+def output_limit(body: dict[str, Any], path: str) -> int | None:
+    """The most output tokens the client allows, or None when it sets no limit (a bad value
+    is the engine's to refuse, and counts as none here)."""
+    if path.startswith("/api/"):
+        options = body.get("options")
+        raw = options.get("num_predict") if isinstance(options, dict) else None
+    elif path == "/v1/responses":
+        raw = body.get("max_output_tokens")
+    else:
+        raw = body.get("max_completion_tokens")
+        if raw is None:
+            raw = body.get("max_tokens")
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    return None
 
 
 def _chain(path: str, model: str, body: dict[str, Any], messages: Any, tools: Any, prompt: Any,

@@ -27,6 +27,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from pharos.config import Timeouts
 from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
+from pharos.proxy.auth import Identity, Keyring
 from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
@@ -41,8 +42,6 @@ log = Logger()
 
 #: Ollama clients probe ``HEAD /`` before every command, without a key.
 OLLAMA_BANNER = b"Ollama is running"
-#: The one key every client is while no keys are configured.
-ANONYMOUS = "anonymous"
 #: Ollama model-management routes Pharos does not serve.
 OLLAMA_UNSERVED = frozenset({"pull", "push", "delete", "create", "copy", "blobs"})
 #: Ollama routes Pharos serves, with their methods (for the 405 of a wrong one).
@@ -73,7 +72,9 @@ class PublicAPI:
 
     def __init__(self, state: State, sched: Scheduler, client: HTTPClient,
                  clock: IReactorTime, seed: Callable[[], int] | None = None,
-                 timeouts: Timeouts | None = None) -> None:
+                 timeouts: Timeouts | None = None, keyring: Keyring | None = None) -> None:
+        #: Swapped whole by a reload; open (everyone ``anonymous``) without keys.
+        self.keyring = keyring or Keyring()
         self.state = state
         self.timeouts = timeouts or Timeouts()
         self.inflight = Inflight()
@@ -143,24 +144,42 @@ class PublicAPI:
 
     def _error(self, request: Request, e: ApiError) -> bytes:
         request.setResponseCode(e.status)
+        for name, value in e.headers:
+            request.setHeader(name, value)
         request.setHeader(b"content-type", JSON)
         body = e.body(ollama=errors.is_ollama_path(request.path),
                       anthropic=errors.is_anthropic_path(request.path))
         request.setHeader(b"content-length", b"%d" % len(body))
         return body
 
+    # --- who calls -------------------------------------------------------------------------
+
+    def _who(self, request: Request) -> Identity:
+        """The caller (a 401 without a valid key, once keys are configured)."""
+        return self.keyring.identify(request)
+
+    def _admin(self, request: Request) -> Identity:
+        who = self._who(request)
+        if not who.admin:
+            raise errors.admin_only()
+        return who
+
     # --- model lists -----------------------------------------------------------------------
 
     @app.route("/v1/models", methods=["GET"])
     def models(self, request: Request) -> bytes:
-        """Every model an up backend lists."""
+        """Every model an up backend lists that the caller's key may use."""
+        who = self._who(request)
         data = [{"id": m, "object": "model", "created": self.started, "owned_by": "pharos"}
-                for m in sorted(self.state.models())]
+                for m in sorted(self.state.models()) if who.may_use(m)]
         return _json(request, 200, {"object": "list", "data": data})
 
     @app.route("/v1/models/<path:model>", methods=["GET"])
     def model(self, request: Request, model: str) -> bytes:
         """One model, 404 when no up backend serves it."""
+        who = self._who(request)
+        if not who.may_use(model):
+            raise errors.model_not_allowed(who.name, model)
         if model not in self.state.models():
             raise errors.unknown_model(model)
         return _json(request, 200, {"id": model, "object": "model", "created": self.started,
@@ -170,9 +189,9 @@ class PublicAPI:
         return [b for b in self.state.backends.values()
                 if b.kind == OLLAMA and self.state.is_up(b)]
 
-    async def _gather(self, path: str) -> list[dict[str, Any]]:
+    async def _gather(self, path: str, who: Identity) -> list[dict[str, Any]]:
         """The ``models`` entries of ``path`` on every up Ollama backend, client names, once
-        each."""
+        each, those the caller's key may use."""
         seen: dict[str, dict[str, Any]] = {}
         for b in self._ollama_backends():
             try:
@@ -186,23 +205,26 @@ class PublicAPI:
                 if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                     continue
                 name = b.spec.aliases.get(entry["name"], entry["name"])
-                if name not in seen:
+                if name not in seen and who.may_use(name):
                     seen[name] = {**entry, "name": name, "model": name}
         return list(seen.values())
 
     @app.route("/api/tags", methods=["GET", "HEAD"])
     async def tags(self, request: Request) -> bytes:
         """Models of every up Ollama backend."""
-        return _json(request, 200, {"models": await self._gather("/api/tags")})
+        who = self._who(request)
+        return _json(request, 200, {"models": await self._gather("/api/tags", who)})
 
     @app.route("/api/ps", methods=["GET", "HEAD"])
     async def ps(self, request: Request) -> bytes:
         """Models loaded on any up Ollama backend."""
-        return _json(request, 200, {"models": await self._gather("/api/ps")})
+        who = self._who(request)
+        return _json(request, 200, {"models": await self._gather("/api/ps", who)})
 
     @app.route("/api/version", methods=["GET", "HEAD"])
     def version(self, request: Request) -> bytes:
         """The oldest version among up Ollama backends: clients gate features on it."""
+        self._who(request)
         versions = [b.version for b in self._ollama_backends() if b.version]
         if not versions:
             raise ApiError(503, "no Ollama backend is up")
@@ -215,7 +237,10 @@ class PublicAPI:
     @app.route("/api/show", methods=["POST"])
     async def show(self, request: Request) -> None:
         """Forwarded to an up Ollama backend serving the model; takes no slot."""
+        who = self._who(request)
         parsed = self._parse(request, "/api/show")
+        if not who.may_use(parsed.model):
+            raise errors.model_not_allowed(who.name, parsed.model)
         targets = [t for t in self.state.targets_for(parsed.model) if t.backend.kind == OLLAMA]
         if not targets:
             raise (errors.unknown_model(parsed.model)
@@ -232,6 +257,7 @@ class PublicAPI:
         """The rest of /api/: model management is the engines' business (501, which the ollama
         CLI prints); a served route with the wrong method is 405 naming the allowed ones; any
         other name is 404, all in Ollama's shape."""
+        self._who(request)
         if name in OLLAMA_UNSERVED:
             raise ApiError(501, f"Pharos routes requests and does not manage models: "
                                 f"/api/{name} is not supported")
@@ -246,6 +272,7 @@ class PublicAPI:
     @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD"])
     def ollama_blobs(self, request: Request, rest: str) -> bytes:
         """Blob uploads belong to model management: 501."""
+        self._who(request)
         raise ApiError(501, "Pharos does not manage models: /api/blobs is not supported")
 
     # --- explain ---------------------------------------------------------------------------
@@ -253,7 +280,8 @@ class PublicAPI:
     @app.route("/admin/explain/<path:route>", methods=["POST"])
     def explain(self, request: Request, route: str) -> bytes:
         """What the policy would do with this request now; routes nothing, changes nothing.
-        Open while no keys are configured (keys, and the admin key, come with §11)."""
+        Needs an admin key once keys are configured."""
+        self._admin(request)
         path = "/" + route.lstrip("/")
         if path not in EXPLAIN_ROUTES:
             known = ", ".join(sorted(EXPLAIN_ROUTES))
@@ -287,7 +315,10 @@ class PublicAPI:
         return parse(request.content.read(), path)
 
     async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
+        who = self._who(request)
         parsed = self._parse(request, path)
+        if not who.may_use(parsed.model):
+            raise errors.model_not_allowed(who.name, parsed.model)
         if parsed.unfollowed is not None:
             self.sched.unfollowed[parsed.unfollowed] += 1
         limits = Limits(
@@ -297,7 +328,7 @@ class PublicAPI:
         ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
                       send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=_session(request, parsed), start_reply=self._start_reply,
-                      key=ANONYMOUS)
+                      who=who)
         await ex.run()
 
     def _send(self, target: Target, path: str, body: bytes) -> Deferred[IResponse]:

@@ -128,13 +128,13 @@ def test_demo_with_a_bad_config_prints_its_errors(tmp_path: Path) -> None:
     """``twistd pharos --demo -c bad.yaml`` lists the config's errors (an unbuilt section
     among them) and exits non-zero, with no traceback."""
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("policy: fastest\nkeys: [{name: a, sha256: '" + "0" * 64 + "'}]\n")
+    cfg.write_text("policy: fastest\nstate_file: /tmp/pharos.state\n")
     r = subprocess.run([TWISTD, "-n", "--pidfile=", "pharos", "--demo", "-c", str(cfg)],
                        capture_output=True, timeout=30, cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode != 0
     assert "policy: expected one of cost, least-load, got 'fastest'" in out
-    assert "keys: not supported yet" in out
+    assert "state_file: not supported yet" in out
     assert "Traceback" not in out
 
 

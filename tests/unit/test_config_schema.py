@@ -81,6 +81,7 @@ def test_each_schema_object_matches_the_parser(at: Any, node: dict[str, Any]) ->
 
 @pytest.mark.parametrize(("section", "klass"), [
     ((), cfg.Config), ((("backends", True),), cfg.Backend), ((("keys", True),), cfg.Key),
+    ((("tenants", True),), cfg.Tenant),
     ((("usage", False),), cfg.Usage), ((("drain", False),), cfg.Drain),
     ((("peers", False),), cfg.Peers), ((("routing", False),), cfg.Routing),
 ])

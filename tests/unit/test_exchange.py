@@ -27,6 +27,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 from twisted.web.server import Request
 
 from pharos.config import Backend as BackendSpec
+from pharos.proxy.auth import Identity
 from pharos.proxy.exchange import Exchange, Inflight, Limits
 from pharos.proxy.parse import parse
 from pharos.sched import Lease
@@ -166,7 +167,7 @@ class Rig:
                       inflight=self.inflight, session=None,
                       start_reply=lambda req, resp, t, reason, lease: req.setResponseCode(
                           resp.code),
-                      key="k")
+                      who=Identity("k"))
         holder.append(ex)
         d = ensureDeferred(ex.run())
         d.addErrback(lambda _: None)

@@ -59,7 +59,6 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("section", [
-    "keys: [{name: a, sha256: '" + "0" * 64 + "'}]",
     "usage: {timezone: UTC}",
     "state_file: /var/lib/pharos/state.json",
     "drain: {grace: 5s}",

@@ -1,0 +1,132 @@
+"""Layer 1: the two-level fair queue (issue 11 item 4): tenants by virtual time, then keys by
+their head's virtual finish, costs over weights; idle keys bank no credit."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from pharos.fairq import FairQueue
+
+
+@dataclass(eq=False)
+class W:
+    key: str
+    tenant: str = "t"
+    weight: int = 1
+    tenant_weight: int = 1
+    cost: float = 1.0
+
+
+def serve(q: FairQueue[W], n: int) -> list[W]:
+    """Serve ``n`` waiters in the queue's order (every head placeable)."""
+    out = []
+    for _ in range(n):
+        w = next(q.heads())
+        q.served(w)
+        out.append(w)
+    return out
+
+
+def test_weights_share_grants_in_proportion() -> None:
+    """Two backlogged keys of weight 2 and 1 with equal costs get 2:1 of the grants."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(300):
+        q.push(W("a", weight=2))
+        q.push(W("b", weight=1))
+    got = Counter(w.key for w in serve(q, 300))
+    assert got["a"] == 200 and got["b"] == 100
+
+
+def test_cost_not_count_is_shared() -> None:
+    """A key whose requests cost ten times as much gets a tenth of the requests: the share is
+    of work, not of requests."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(200):
+        q.push(W("long", cost=10.0))
+        q.push(W("short", cost=1.0))
+    got = Counter(w.key for w in serve(q, 110))
+    assert got["short"] == 100 and got["long"] == 10
+
+
+def test_a_light_key_is_served_within_a_grant_of_arriving() -> None:
+    """A flood from one key (1,000 queued) does not delay a light key's request that arrives
+    behind it: it is served next or the one after."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(1000):
+        q.push(W("heavy"))
+    serve(q, 500)
+    light = W("light")
+    q.push(light)
+    assert light in serve(q, 2)
+
+
+def test_an_idle_key_banks_no_credit() -> None:
+    """A key served 100 times while the other was idle keeps that debt but the newcomer does
+    not get 100 grants in a row: once both are backlogged they alternate."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(200):
+        q.push(W("a"))
+    serve(q, 100)
+    for _ in range(50):
+        q.push(W("b"))
+    order = [w.key for w in serve(q, 20)]
+    assert order.count("b") in (10, 11), order
+    assert "aaa" not in "".join(order) and "bbb" not in "".join(order), order
+
+
+def test_tenants_first_then_keys() -> None:
+    """100 keys of one tenant get together what one key of another tenant of the same weight
+    gets alone."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(10):
+        for i in range(100):
+            q.push(W(f"many-{i}", tenant="crowd"))
+    for _ in range(1000):
+        q.push(W("solo", tenant="alone"))
+    got = Counter(w.tenant for w in serve(q, 400))
+    assert got["crowd"] == 200 and got["alone"] == 200
+
+
+def test_tenant_weights() -> None:
+    """A tenant of weight 3 gets three times another's share whatever its keys' count."""
+    q: FairQueue[W] = FairQueue()
+    for _ in range(400):
+        q.push(W("x", tenant="big", tenant_weight=3))
+        q.push(W("y", tenant="small", tenant_weight=1))
+        q.push(W("z", tenant="small", tenant_weight=1))
+    got = Counter(w.tenant for w in serve(q, 400))
+    assert got["big"] == 300 and got["small"] == 100
+
+
+def test_fifo_within_a_key_and_front_for_a_retry() -> None:
+    """A key's waiters leave in arrival order; a retry pushed to the front leaves first."""
+    q: FairQueue[W] = FairQueue()
+    first, second, retry = W("k"), W("k"), W("k")
+    q.push(first)
+    q.push(second)
+    q.push(retry, front=True)
+    assert serve(q, 3) == [retry, first, second]
+
+
+def test_remove_and_counts() -> None:
+    """A waiter whose client left is removed (once); counts and backlog follow."""
+    q: FairQueue[W] = FairQueue()
+    a, b = W("a"), W("b", tenant="u")
+    q.push(a)
+    q.push(b)
+    assert q.backlog() == {"t": {"a": 1}, "u": {"b": 1}}
+    assert q.remove(a) and not q.remove(a)
+    assert len(q) == 1 and list(q.heads()) == [b]
+    q.served(b)
+    assert len(q) == 0 and list(q.heads()) == [] and q.backlog() == {}
+
+
+def test_heads_lists_every_backlogged_key_for_work_conservation() -> None:
+    """Heads of every backlogged key are offered, best first, so a caller that cannot place
+    the best one serves the next (nobody idles while someone could run)."""
+    q: FairQueue[W] = FairQueue()
+    for key in ("a", "a", "b", "c"):
+        q.push(W(key))
+    q.served(next(q.heads()))  # a served once: its second waiter goes last
+    assert [w.key for w in q.heads()] == ["b", "c", "a"]
