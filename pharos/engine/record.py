@@ -18,6 +18,12 @@ from pharos.engine.library import OLLAMA
 
 #: A prompt with nothing personal in it: captures are committed.
 _PROMPT = "Count from one to five."
+#: The system text of the Anthropic and Responses requests: long enough (over one 32-token
+#: KV block) that the later of them find it in the engine's prefix cache, so their replies
+#: show a cached count.
+_SYSTEM = ("You are a careful counting assistant. Answer with the numbers only, written as "
+           "words, separated by commas, in increasing order, with no other text before or "
+           "after them, and stop after the last number you were asked for.")
 
 
 def client_requests(kind: str, model: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -34,6 +40,18 @@ def client_requests(kind: str, model: str) -> list[tuple[str, str, dict[str, Any
         ("completion_stream_usage", "/v1/completions",
          {**comp, "stream": True, "stream_options": {"include_usage": True}}),
         ("embeddings", "/v1/embeddings", {"model": model, "input": "one two three"}),
+    ]
+    # Anthropic Messages and OpenAI Responses, streamed and not (the same system text, so
+    # all but the first can hit the prefix cache)
+    messages = {"model": model, "system": _SYSTEM, "messages": chat["messages"],
+                "max_tokens": 12, "temperature": 0}
+    responses = {"model": model, "instructions": _SYSTEM, "input": _PROMPT,
+                 "max_output_tokens": 12, "temperature": 0}
+    reqs += [
+        ("messages", "/v1/messages", {**messages, "stream": False}),
+        ("messages_stream", "/v1/messages", {**messages, "stream": True}),
+        ("responses", "/v1/responses", {**responses, "stream": False}),
+        ("responses_stream", "/v1/responses", {**responses, "stream": True}),
     ]
     if kind == OLLAMA:
         native = {"model": model, "options": {"num_predict": 12, "temperature": 0}}

@@ -6,14 +6,17 @@ end of the body it writes ``StreamTap.finish()`` and reads ``StreamTap.usage``. 
 
 - passes bytes through unchanged and at once (the very chunk object, no copy), except when it
   strips, when it holds a partial line until its newline (at most ``MAX_LINE`` bytes);
-- remembers the usage of the last usage-bearing JSON line (SSE ``data:`` lines, Ollama NDJSON
+- reads the usage of every usage-bearing JSON line (SSE ``data:`` lines, Ollama NDJSON
   lines, a one-line non-streamed body, or at ``finish`` a whole multi-line JSON body of at
-  most ``MAX_LINE`` bytes); lines longer than ``MAX_LINE`` pass through unparsed, so a huge
-  one-line non-streamed reply gives no usage;
-- decodes JSON only for lines that can carry usage: a cheap byte search for the top-level keys
-  of ``USAGE_FIELDS`` (``"usage"``, ``"timings"``, ``_count"``, ``_duration"``, each followed
-  by ``:`` and anything but ``null``) comes first, so a content chunk costs four
-  ``bytes.find`` calls, and a blank line none;
+  most ``MAX_LINE`` bytes), a later line's values replacing an earlier one's and the values
+  it does not say kept (``merge_usage``: Anthropic streams give the prompt in
+  ``message_start`` and the completion in ``message_delta``); lines longer than ``MAX_LINE``
+  pass through unparsed, so a huge one-line non-streamed reply gives no usage;
+- decodes JSON only for lines that can carry usage: a cheap byte search for the keys of
+  ``USAGE_FIELDS`` below any envelope (``USAGE_KEYS``: ``"usage"``, ``"timings"``,
+  ``_count"``, ``_duration"``, each followed by ``:`` and anything but ``null``) comes first,
+  so a content chunk costs four ``bytes.find`` calls, and a blank line none (the Responses
+  events before ``response.completed`` say ``"usage":null`` and are not decoded either);
 - with ``strip_usage_chunk`` (Pharos asked for ``stream_options.include_usage`` on the
   client's behalf), drops the usage-only chunk: the ``data:`` line whose top-level
   ``choices`` is an empty list, and the blank line that ends its event. Nothing else.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pharos.engine.usage import USAGE_KEYS, Usage, parse_usage
+from pharos.engine.usage import USAGE_KEYS, Usage, merge_usage, parse_usage
 
 #: The longest line (without its ``\n``) the tap parses, and the most it ever holds back.
 MAX_LINE = 64 * 1024
@@ -107,7 +110,8 @@ class StreamTap:
 
     @property
     def usage(self) -> Usage | None:
-        """The usage of the last usage-bearing line seen so far (final after ``finish``)."""
+        """The usage the reply's lines said so far, later lines winning (final after
+        ``finish``)."""
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:
@@ -244,7 +248,7 @@ class StreamTap:
             return False
         usage = parse_usage(obj, embeddings=self._embeddings)
         if usage is not None:
-            self._usage = usage
+            self._usage = merge_usage(self._usage, usage)
         if empty_choices and obj.get("choices") == []:
             self._drop_blank = True
             return True

@@ -24,7 +24,7 @@ from typing import Any
 
 from pharos.engine.capture import Capture, Recorded, RecordedReply
 from pharos.sim.model import EngineStatus, Job
-from pharos.sim.prompt import NATIVE_ROUTES, ReplyKey, parse_body, reply_key
+from pharos.sim.prompt import GENERATION_ROUTES, NATIVE_ROUTES, ReplyKey, parse_body, reply_key
 
 Dumps = Callable[[Any], str]
 Event = Any  # a JSON object, or the raw payload of an SSE event such as "[DONE]"
@@ -452,7 +452,9 @@ class ReplyTemplate:
 
 
 class ReplyBook:
-    """Every recorded reply of a capture by request shape, and its recorded refusals."""
+    """Every recorded reply of a capture by request shape on the routes a double generates on
+    (``GENERATION_ROUTES``: not the recorded Anthropic and Responses replies), and its
+    recorded refusals on any route."""
 
     def __init__(self, replies: Iterable[RecordedReply], dumps: Dumps) -> None:
         self.templates: dict[ReplyKey, ReplyTemplate] = {}
@@ -460,6 +462,8 @@ class ReplyBook:
         for r in replies:
             if r.status != 200:
                 self.refusals[r.path] = Recorded(r.status, r.content_type, r.body)
+                continue
+            if r.path not in GENERATION_ROUTES:
                 continue
             key = reply_key(r.path, parse_body(r.request))
             self.templates[key] = ReplyTemplate.from_recorded(r, dumps)

@@ -24,17 +24,27 @@ Row = tuple[int | None, int | None, int | None, float | None, float | None] | No
 #: engine/version/state → reply name → expected usage.
 EXPECTED: dict[str, dict[str, Row]] = {
     "llamacpp/b11312/idle": {
-        # usage.* and timings (cache_n 0 + prompt_n 21, prompt_ms 1.151)
-        "chat": (21, 0, 12, 1.151e-3, None),
+        # usage.* and timings (cache_n 0 + prompt_n 21, prompt_ms 0.781)
+        "chat": (21, 0, 12, 0.781e-3, None),
         # no include_usage: no usage object, but timings on the finish chunk:
-        # cache_n 20 + prompt_n 1, predicted_n 12, prompt_ms 0.71
-        "chat_stream": (21, 20, 12, 0.71e-3, None),
-        # usage chunk: cached_tokens 20; timings prompt_ms 0.463
-        "chat_stream_usage": (21, 20, 12, 0.463e-3, None),
-        "completion": (9, 0, 12, 0.675e-3, None),
+        # cache_n 20 + prompt_n 1, predicted_n 12, prompt_ms 0.27
+        "chat_stream": (21, 20, 12, 0.27e-3, None),
+        # usage chunk: cached_tokens 20; timings prompt_ms 0.25
+        "chat_stream_usage": (21, 20, 12, 0.25e-3, None),
+        "completion": (9, 0, 12, 0.36e-3, None),
         # usage and timings ride on the finish chunk (choices not empty): nothing to strip
-        "completion_stream_usage": (9, 8, 12, 0.439e-3, None),
+        "completion_stream_usage": (9, 8, 12, 0.232e-3, None),
         "embeddings": None,  # 501: started without --embeddings
+        # Anthropic: input_tokens 91 (uncached) + cache_read_input_tokens 1; no timings
+        "messages": (92, 1, 12, None, None),
+        # message_start: cache_read_input_tokens 91 + input_tokens 1 (output_tokens 0, not
+        # read); message_delta: output_tokens 12 alone, so the prompt is message_start's
+        "messages_stream": (92, 91, 12, None, None),
+        # Responses: input_tokens 92 (whole prompt), input_tokens_details.cached_tokens 91;
+        # no timings on the non-streamed body
+        "responses": (92, 91, 12, None, None),
+        # response.completed: response.usage as above, plus top-level timings (prompt_ms 0.294)
+        "responses_stream": (92, 91, 12, 0.294e-3, None),
     },
     "vllm/0.32.0/idle": {
         "chat": (18, 0, 12, None, None),
@@ -43,6 +53,15 @@ EXPECTED: dict[str, dict[str, Row]] = {
         "completion": (8, 0, 12, None, None),
         "completion_stream_usage": (8, 0, 12, None, None),
         "embeddings": None,  # 404 {"detail":"Not Found"}
+        # Anthropic: input_tokens 19 + cache_creation_input_tokens 64 + cache_read 0
+        "messages": (83, 0, 12, None, None),
+        # message_start: input_tokens 83 (no cache fields yet), output_tokens 0 (not read);
+        # message_delta: input 19 + cache_creation 0 + cache_read 64, output 12
+        "messages_stream": (83, 64, 12, None, None),
+        # Responses: input_tokens 83, input_tokens_details.cached_tokens 64, output 12
+        "responses": (83, 64, 12, None, None),
+        # only response.completed carries response.usage (created/in_progress: null)
+        "responses_stream": (83, 64, 12, None, None),
     },
     "sglang/0.5.23/busy": {
         "chat": (52, 51, 7, None, None),

@@ -14,7 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pharos.proxy.tap as tap_module
-from pharos.engine.usage import USAGE_FIELDS, USAGE_KEYS, Usage, parse_usage
+from pharos.engine.usage import (
+    ENVELOPES,
+    USAGE_FIELDS,
+    USAGE_KEYS,
+    Usage,
+    merge_usage,
+    parse_usage,
+)
 from pharos.proxy.tap import MAX_LINE, StreamTap
 from tests.replay.captures import all_captures, capture_id
 
@@ -67,6 +74,32 @@ def test_field_table_names_every_usage_value() -> None:
     its top-level keys are the ones the tap searches for before decoding."""
     assert set(USAGE_FIELDS) == {f.name for f in fields(Usage)}
     assert {"usage", "timings", "prompt_eval_count", "eval_count"} <= USAGE_KEYS
+    # the envelopes are not markers: Ollama's content lines carry "message" (/api/chat) and
+    # "response" (/api/generate), and must not be decoded
+    assert not ENVELOPES & USAGE_KEYS
+
+
+PLACES = [(name, f) for name, fs in USAGE_FIELDS.items() for f in fs]
+
+
+@pytest.mark.parametrize("name,place", PLACES,
+                         ids=[f"{n}:{'+'.join('.'.join(p) for p in f.paths)}" for n, f in PLACES])
+def test_tap_reaches_every_place_of_the_table(name: str, place: Any) -> None:
+    """Each place of the table, nested envelopes included (Anthropic's message.usage,
+    Responses' response.usage), read alone from a data line: the tap's pre-decode search lets
+    it through and the value comes out under its name."""
+    root: dict[str, Any] = {"type": "x"}
+    for i, path in enumerate(place.paths):
+        cursor = root
+        for key in path[:-1]:
+            cursor = cursor.setdefault(key, {})
+        cursor[path[-1]] = 3 + i
+    got = run(sse(root) + DONE)[1]
+    assert got is not None
+    value = getattr(got, name)
+    assert value is not None
+    want = sum(3 + i for i in range(len(place.paths)))
+    assert value == (want / place.per_sec if place.per_sec else want)
 
 
 @pytest.mark.parametrize("key", sorted(USAGE_KEYS))
@@ -138,6 +171,116 @@ def test_parse_embeddings_completion_is_zero() -> None:
     assert parse_usage(body, embeddings=True) == Usage(prompt_tokens=3, completion_tokens=0)
     assert parse_usage({"prompt_eval_count": 4}, embeddings=True) == Usage(4, None, 0)
     assert parse_usage({"embeddings": []}, embeddings=True) is None
+
+
+def test_parse_anthropic_prompt_adds_the_cache_reads_and_writes() -> None:
+    """Anthropic's input_tokens leaves out the cache: the prompt is input_tokens plus
+    cache_read_input_tokens plus cache_creation_input_tokens, each only when sent; the cached
+    part is cache_read_input_tokens; output_tokens is the completion."""
+    full = {"usage": {"input_tokens": 19, "output_tokens": 12,
+                      "cache_creation_input_tokens": 4, "cache_read_input_tokens": 60}}
+    assert parse_usage(full) == Usage(83, 60, 12)
+    reads = {"usage": {"cache_read_input_tokens": 20, "input_tokens": 1, "output_tokens": 12}}
+    assert parse_usage(reads) == Usage(21, 20, 12)
+    # vLLM without --enable-prompt-tokens-details: no cache fields, input_tokens is the prompt
+    bare = {"usage": {"input_tokens": 83, "output_tokens": 12}}
+    assert parse_usage(bare) == Usage(83, None, 12)
+    # a null cache field is not a count: left out of the sum, and the cached part unknown
+    nulls = {"usage": {"input_tokens": 83, "output_tokens": 1,
+                       "cache_read_input_tokens": None, "cache_creation_input_tokens": None}}
+    assert parse_usage(nulls) == Usage(83, None, 1)
+
+
+def test_parse_anthropic_message_start_gives_no_completion() -> None:
+    """message_start's message.usage gives the prompt and cached counts; its output_tokens
+    is a placeholder (0) and stays unknown, so a stream cut before message_delta is never
+    metered as 0 completion tokens."""
+    start = {"type": "message_start",
+             "message": {"id": "m", "usage": {"cache_read_input_tokens": 20,
+                                              "input_tokens": 1, "output_tokens": 0}}}
+    assert parse_usage(start) == Usage(21, 20, None)
+
+
+def test_parse_responses_usage() -> None:
+    """The Responses API: input_tokens is the whole prompt, input_tokens_details.cached_tokens
+    the cached part, output_tokens the completion; in a stream, response.usage of
+    response.completed, while the earlier events' "usage": null gives nothing."""
+    usage = {"input_tokens": 83, "output_tokens": 12, "total_tokens": 95,
+             "input_tokens_details": {"cached_tokens": 64, "cache_write_tokens": 0}}
+    assert parse_usage({"object": "response", "usage": usage}) == Usage(83, 64, 12)
+    done = {"type": "response.completed", "response": {"object": "response", "usage": usage}}
+    assert parse_usage(done) == Usage(83, 64, 12)
+    created = {"type": "response.created", "response": {"max_output_tokens": 12, "usage": None}}
+    assert parse_usage(created) is None
+
+
+def test_merge_usage_keeps_what_a_later_line_does_not_say() -> None:
+    """A later line's values win; values it leaves unknown keep the earlier line's; a 0 is a
+    value, not unknown."""
+    start = Usage(prompt_tokens=21, cached_tokens=20, completion_tokens=None)
+    delta = Usage(completion_tokens=12)
+    assert merge_usage(None, delta) == delta
+    assert merge_usage(start, delta) == Usage(21, 20, 12)
+    assert merge_usage(Usage(9, 9, 9, 1.0, 2.0), Usage(0, 0, 0)) == Usage(0, 0, 0, 1.0, 2.0)
+
+
+def anthropic_event(event: str, obj: dict[str, Any]) -> bytes:
+    """One Anthropic SSE event: an event line and a data line."""
+    return f"event: {event}\n".encode() + sse({"type": event, **obj})
+
+
+ANTHROPIC_HEAD = anthropic_event(
+    "message_start",
+    {"message": {"id": "m", "type": "message", "role": "assistant", "content": [],
+                 "usage": {"cache_read_input_tokens": 20, "input_tokens": 1,
+                           "output_tokens": 0}}},
+) + anthropic_event(
+    "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}},
+) + anthropic_event(
+    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "usage"}},
+)
+ANTHROPIC_TAIL = anthropic_event("content_block_stop", {"index": 0}) + anthropic_event(
+    "message_delta",
+    {"delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+     "usage": {"output_tokens": 12}},
+) + anthropic_event("message_stop", {})
+
+
+def test_anthropic_stream_takes_the_prompt_from_start_and_completion_from_delta() -> None:
+    """An Anthropic stream whose message_delta says only output_tokens (llama.cpp) gives the
+    prompt and cached counts of message_start and the completion of message_delta; cut
+    before message_delta it gives no completion count (unknown, not 0)."""
+    body = ANTHROPIC_HEAD + ANTHROPIC_TAIL
+    assert run(body) == (body, Usage(21, 20, 12))
+    assert run(cut(body, range(0, len(body), 5))) == (body, Usage(21, 20, 12))
+    assert run(ANTHROPIC_HEAD)[1] == Usage(21, 20, None)
+
+
+def test_only_usage_bearing_events_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Anthropic and Responses streams cost a decode only on the events that carry
+    usage: message_start and message_delta; response.completed (response.created says
+    "usage": null)."""
+    calls: list[bytes] = []
+    real = tap_module._decode
+
+    def counting(payload: bytes) -> dict[str, Any] | None:
+        calls.append(payload)
+        return real(payload)
+
+    monkeypatch.setattr(tap_module, "_decode", counting)
+    run(ANTHROPIC_HEAD + ANTHROPIC_TAIL)
+    assert [json.loads(c)["type"] for c in calls] == ["message_start", "message_delta"]
+    calls.clear()
+    response = {"id": "r", "object": "response", "status": "in_progress", "usage": None}
+    usage = {"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 0}}
+    body = (b"event: response.created\n" + sse({"type": "response.created", "response": response})
+            + b"event: response.output_text.delta\n"
+            + sse({"type": "response.output_text.delta", "delta": "usage"})
+            + b"event: response.completed\n"
+            + sse({"type": "response.completed",
+                   "response": {**response, "status": "completed", "usage": usage}}))
+    assert run(body)[1] == Usage(5, 0, 2)
+    assert [json.loads(c)["type"] for c in calls] == ["response.completed"]
 
 
 # --- pass-through and chunking ------------------------------------------------------------
