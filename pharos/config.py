@@ -83,7 +83,6 @@ LIVE_FIELDS: Final = frozenset({"backends", "keys", "tenants"})
 
 #: Sections parsed (so their errors are reported) but refused until their feature exists.
 NOT_YET: Final = {
-    "usage": "usage accounting comes with the keys/usage issue",
     "state_file": "the state file comes with the availability issue",
     "drain": "graceful drain comes with the availability issue",
     "peers": "the peer mesh comes with the availability issue",
@@ -275,6 +274,7 @@ class Usage:
 
     timezone: str | None = None
     retention_days: int = DEFAULT_RETENTION_DAYS
+    journal: str | None = None  # a file: one JSON line per finished request
 
 
 @dataclass(frozen=True, slots=True)
@@ -1008,7 +1008,7 @@ class _Parser:
     def usage(self, raw: object) -> Usage:
         if raw is None:
             return Usage()
-        m = self.mapping(raw, "usage", ("timezone", "retention_days"))
+        m = self.mapping(raw, "usage", ("timezone", "retention_days", "journal"))
         if m is None:
             return Usage()
         timezone = None
@@ -1023,7 +1023,10 @@ class _Parser:
         retention = DEFAULT_RETENTION_DAYS
         if m.get("retention_days") is not None:
             retention = self.integer(m["retention_days"], "usage.retention_days") or retention
-        return Usage(timezone=timezone, retention_days=retention)
+        journal = None
+        if m.get("journal") is not None:
+            journal = self.text(m["journal"], "usage.journal", "a file path")
+        return Usage(timezone=timezone, retention_days=retention, journal=journal)
 
     def drain(self, raw: object) -> Drain:
         if raw is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from twisted.application import strports
@@ -14,6 +15,7 @@ from twisted.web.server import Site
 
 from pharos.config import Config, ConfigError, load_config
 from pharos.engine.fetch import make_client
+from pharos.journal import Journal
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.auth import Keyring
@@ -23,6 +25,7 @@ from pharos.proxy.public import PublicAPI
 from pharos.sched import Guards, Scheduler
 from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
+from pharos.usage import Ledger
 from pharos.watchdog import Watchdog
 
 # A factory per engine connection would log its start and stop at info, twice a request.
@@ -85,9 +88,16 @@ class PharosService(MultiService):
                                guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization,
                                              eviction_pricing=r.eviction_pricing))
         self.state.on_round = self._round
+        u = config.usage
+        #: Usage cells and quotas; the origin is this process until the state file keeps one.
+        self.ledger = Ledger(reactor, origin=uuid.uuid4().hex, timezone=u.timezone,
+                             retention_days=u.retention_days)
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
                                 timeouts=config.timeouts,
-                                keyring=Keyring(config.keys, config.tenants))
+                                keyring=Keyring(config.keys, config.tenants), ledger=self.ledger)
+        self.journal = Journal(u.journal, reactor) if u.journal else None
+        if self.journal is not None:
+            self.public.on_done.append(self.journal.write)
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
@@ -119,6 +129,8 @@ class PharosService(MultiService):
     async def _stop(self) -> None:
         await super().stopService()
         await self.pool.closeCachedConnections()
+        if self.journal is not None:
+            await self.journal.close()
 
 
 def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:

@@ -29,6 +29,7 @@ from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverRecei
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
+from pharos.engine.usage import Usage
 from pharos.proxy import errors
 from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
@@ -137,6 +138,10 @@ class Exchange:
         self._abandoned: _Abandoned | None = None
         self._timer: IDelayedCall | None = None
         self._answered = False  # the engine's first body byte arrived: no retry from here
+        #: The target whose reply went to the client (its headers were sent), and the reply's
+        #: usage as the tap read it (None: unknown): what admission settles and Done records.
+        self.replied: Target | None = None
+        self.usage: Usage | None = None
 
     # --- the one owner of the lease --------------------------------------------------------
 
@@ -385,6 +390,7 @@ class Exchange:
         def first_byte() -> None:
             # The engine answered: no retry from here, so the client gets the headers.
             self._answered = True
+            self.replied = target
             self._cancel_timer()
             first.append(self.clock.seconds())
             self.start_reply(request, response, target, lease.decision.reason, lease)
@@ -418,7 +424,7 @@ class Exchange:
             # An empty body: the headers go out now.
             first_byte()
         end = self.clock.seconds()
-        usage = tap.usage
+        usage = self.usage = tap.usage
         self.outcome = OK if response.code < 400 else ERROR_STATUS
         self.sample = Sample(
             ok=response.code < 400,

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable
+from datetime import date, timedelta
 from typing import Any
 
 from klein import Klein
@@ -27,6 +29,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from pharos.config import Timeouts
 from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
+from pharos.proxy.admission import Admission
 from pharos.proxy.auth import Identity, Keyring
 from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
@@ -37,6 +40,7 @@ from pharos.proxy.relay import collect, response_headers, send
 from pharos.sched import Lease, Scheduler
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
+from pharos.usage import Ledger, to_csv
 
 log = Logger()
 
@@ -51,6 +55,8 @@ OLLAMA_METHODS: dict[str, tuple[str, ...]] = {
     "version": ("GET", "HEAD"),
 }
 JSON = b"application/json"
+#: Days ``/usage`` covers without ``from``.
+USAGE_DAYS = 30
 
 
 def _json(request: Request, status: int, doc: object) -> bytes:
@@ -72,9 +78,12 @@ class PublicAPI:
 
     def __init__(self, state: State, sched: Scheduler, client: HTTPClient,
                  clock: IReactorTime, seed: Callable[[], int] | None = None,
-                 timeouts: Timeouts | None = None, keyring: Keyring | None = None) -> None:
+                 timeouts: Timeouts | None = None, keyring: Keyring | None = None,
+                 ledger: Ledger | None = None) -> None:
         #: Swapped whole by a reload; open (everyone ``anonymous``) without keys.
         self.keyring = keyring or Keyring()
+        self.ledger = ledger or Ledger(clock, origin=uuid.uuid4().hex)
+        self.admission = Admission(self.ledger)
         self.state = state
         self.timeouts = timeouts or Timeouts()
         self.inflight = Inflight()
@@ -83,7 +92,9 @@ class PublicAPI:
         self.clock = clock
         self.seed = seed or sched.seed
         self.started = int(time.time())
-        self.on_done: Callable[[dict[str, Any]], None] | None = None
+        #: Subscribers to every finished request's record (``done_record``): the journal,
+        #: and metrics and peers as they come.
+        self.on_done: list[Callable[[dict[str, Any]], object]] = []
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -275,6 +286,46 @@ class PublicAPI:
         self._who(request)
         raise ApiError(501, "Pharos does not manage models: /api/blobs is not supported")
 
+    # --- usage -----------------------------------------------------------------------------
+
+    @app.route("/usage", methods=["GET"])
+    def usage(self, request: Request) -> bytes:
+        """Usage per day by key, model or tenant (admin): ``from``/``to`` dates in
+        usage.timezone (default: the last 30 days), ``format=json|csv``."""
+        self._admin(request)
+        args = {k.decode("latin-1"): v[-1].decode("utf-8", "replace")
+                for k, v in (request.args or {}).items() if v}
+        unknown = set(args) - {"from", "to", "by", "format"}
+        if unknown:
+            raise ApiError(400, f"unknown parameter {sorted(unknown)[0]!r}: from, to, by, "
+                                f"format", code="invalid_parameter")
+        today = self.ledger.today()
+        try:
+            to_day = date.fromisoformat(args["to"]) if "to" in args else today
+            from_day = (date.fromisoformat(args["from"]) if "from" in args
+                        else to_day - timedelta(days=USAGE_DAYS - 1))
+        except ValueError as e:
+            raise ApiError(400, f"from and to are dates, YYYY-MM-DD: {e}",
+                           code="invalid_parameter") from None
+        if from_day > to_day:
+            raise ApiError(400, "from is after to", code="invalid_parameter")
+        by = args.get("by", "key")
+        if by not in ("key", "model", "tenant"):
+            raise ApiError(400, f"by is key, model or tenant, not {errors.echo(by)!r}",
+                           code="invalid_parameter")
+        fmt = args.get("format", "json")
+        if fmt not in ("json", "csv"):
+            raise ApiError(400, f"format is json or csv, not {errors.echo(fmt)!r}",
+                           code="invalid_parameter")
+        rows = self.ledger.rows(from_day, to_day, by)
+        if fmt == "csv":
+            body = to_csv(rows, by).encode()
+            request.setHeader(b"content-type", b"text/csv; charset=utf-8")
+            request.setHeader(b"content-length", b"%d" % len(body))
+            return body
+        return _json(request, 200, {"from": from_day.isoformat(), "to": to_day.isoformat(),
+                                    "by": by, "rows": rows})
+
     # --- explain ---------------------------------------------------------------------------
 
     @app.route("/admin/explain/<path:route>", methods=["POST"])
@@ -319,6 +370,22 @@ class PublicAPI:
         parsed = self._parse(request, path)
         if not who.may_use(parsed.model):
             raise errors.model_not_allowed(who.name, parsed.model)
+        held = self.admission.admit(who, parsed, path)
+        started = self.clock.seconds()
+        ex: Exchange | None = None
+        try:
+            ex = self._exchange(request, parsed, path, kind, who)
+            await ex.run()
+        finally:
+            self.admission.finish(held, parsed.model, ex)
+            if self.on_done:
+                doc = done_record(who, parsed.model, path, request, ex, started,
+                                  self.clock.seconds())
+                for subscriber in self.on_done:
+                    subscriber(doc)
+
+    def _exchange(self, request: Request, parsed: Parsed, path: str, kind: str | None,
+                  who: Identity) -> Exchange:
         if parsed.unfollowed is not None:
             self.sched.unfollowed[parsed.unfollowed] += 1
         limits = Limits(
@@ -329,7 +396,7 @@ class PublicAPI:
                       send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=_session(request, parsed), start_reply=self._start_reply,
                       who=who)
-        await ex.run()
+        return ex
 
     def _send(self, target: Target, path: str, body: bytes) -> Deferred[IResponse]:
         return send(self.client, target.backend.url + path, body)
@@ -352,6 +419,31 @@ class PublicAPI:
             if lease.est_ttft is not None:
                 request.setHeader(b"x-pharos-estimated-ttft-ms",
                                   f"{lease.est_ttft * 1000:.1f}".encode())
+
+
+def done_record(who: Identity, model: str, path: str, request: Request, ex: Exchange | None,
+                started: float, ended: float) -> dict[str, Any]:
+    """One finished request as subscribers see it (the journal writes it as a line): who,
+    what, where, how it ended, its usage and timings; never prompt text."""
+    usage = ex.usage if ex is not None else None
+    sample = ex.sample if ex is not None else None
+    target = ex.replied if ex is not None else None
+    return {
+        "time": round(ended, 3),
+        "key": who.name,
+        "tenant": who.tenant,
+        "model": model,
+        "route": path,
+        "target": target.backend.url if target is not None else None,
+        "status": request.code,
+        "outcome": ex.outcome if ex is not None else None,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": usage.cached_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+        "ttft_ms": (round(sample.ttft_sec * 1000, 1)
+                    if sample is not None and sample.ttft_sec is not None else None),
+        "duration_ms": round((ended - started) * 1000, 1),
+    }
 
 
 def _session(request: Request, parsed: Parsed) -> int | None:

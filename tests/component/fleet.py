@@ -60,9 +60,10 @@ class Fleet:
 
 async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
                       policy: str = "cost", extra: Sequence[str] = (),
-                      timeouts: Timeouts | None = None) -> Fleet:
+                      timeouts: Timeouts | None = None, **config: Any) -> Fleet:
     """Start one double per (kind, double options, backend options) and Pharos in front;
-    ``extra``: more backend URLs (engines the test serves itself), detected by kind."""
+    ``extra``: more backend URLs (engines the test serves itself), detected by kind;
+    ``config``: more Config fields (keys, tenants, usage)."""
     doubles, ports, specs = [], [], []
     for kind, opts, backend in engines:
         d, port = start_double(kind, reactor, **{**FAST, **opts})
@@ -70,9 +71,9 @@ async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any
         ports.append(port)
         specs.append(BackendSpec(url=d.url, **backend))
     specs.extend(BackendSpec(url=u) for u in extra)
-    config = Config(listen=Listen("127.0.0.1:0"), policy=policy,  # type: ignore[arg-type]
-                    backends=tuple(specs), timeouts=timeouts or Timeouts())
-    top = PharosService(config, reactor, load_interval=0.1)
+    cfg = Config(listen=Listen("127.0.0.1:0"), policy=policy,  # type: ignore[arg-type]
+                 backends=tuple(specs), timeouts=timeouts or Timeouts(), **config)
+    top = PharosService(cfg, reactor, load_interval=0.1)
     top.startService()
     listening, url = serve(public_site(top))
     ports.append(listening)

@@ -59,7 +59,6 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("section", [
-    "usage: {timezone: UTC}",
     "state_file: /var/lib/pharos/state.json",
     "drain: {grace: 5s}",
     "peers: {secret_file: /s, members: ['10.0.0.2:8081']}",
