@@ -22,6 +22,7 @@ from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
+from pharos.reload import ConfigWatcher
 from pharos.sched import Guards, Scheduler
 from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
@@ -71,8 +72,8 @@ class ListenError(Exception):
 class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
-    def __init__(self, config: Config, reactor: Any, load_interval: float = LOAD_INTERVAL
-                 ) -> None:
+    def __init__(self, config: Config, reactor: Any, load_interval: float = LOAD_INTERVAL,
+                 config_path: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.pool = HTTPConnectionPool(reactor, persistent=True)
@@ -101,6 +102,18 @@ class PharosService(MultiService):
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
+        if config_path is not None:
+            watcher = ConfigWatcher(config_path, config, self.reconfigure)
+            watcher.clock = reactor
+            watcher.setServiceParent(self)
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded config's live fields: the key set is swapped whole (a request
+        sees the old set or the new one, never a mix), backends are added and removed."""
+        self.config = config
+        self.public.keyring = Keyring(config.keys, config.tenants)
+        if self.running:
+            self.state.set_backends(config.backends)
 
     def _round(self, backend: BackendState) -> None:
         """A scrape round ended: learn capacities from it, then re-run the waiters."""
@@ -142,9 +155,10 @@ def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
     return site
 
 
-def build(config: Config, reactor: Any) -> PharosService:
-    """The service tree for ``config`` on ``reactor``."""
-    top = PharosService(config, reactor)
+def build(config: Config, reactor: Any, config_path: str | None = None) -> PharosService:
+    """The service tree for ``config`` on ``reactor``; ``config_path`` is watched for
+    changes (hot reload)."""
+    top = PharosService(config, reactor, config_path=config_path)
     site = public_site(top)
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.
     strports.service(config.listen.strports(), site).setServiceParent(top)
@@ -160,4 +174,4 @@ def makeService(options: Any) -> IService:
 
         return demo_service(reactor, options["parsed"])
     config: Config = options["parsed"]
-    return build(config, reactor)
+    return build(config, reactor, config_path=options["config"])

@@ -83,3 +83,89 @@ async def test_ollama_client() -> None:
     assert parts[-1].done and parts[-1].eval_count
     assert got["gen"].response
     assert LLAMA in got["listed"]
+
+
+KEY = "phk-team-key"
+
+
+async def keyed_fleet() -> Any:
+    from pharos.config import Key
+    from pharos.proxy.auth import digest
+
+    return await start_fleet([("ollama", {"loaded": [LLAMA]}, {"kind": "ollama"})],
+                             keys=(Key(name="team", sha256=digest(KEY), rpm=4,
+                                       models=(LLAMA,)),))
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_sdk_with_keys() -> None:
+    """With keys configured the SDK's api_key is the key: a right key chats and lists only
+    its models, a wrong one raises AuthenticationError, a model outside the list
+    PermissionDeniedError, and past its RPM RateLimitError (status 429 with Retry-After)."""
+    fleet = await keyed_fleet()
+    good = openai.OpenAI(base_url=fleet.url + "/v1", api_key=KEY, max_retries=0)
+    bad = openai.OpenAI(base_url=fleet.url + "/v1", api_key="phk-guess", max_retries=0)
+
+    def run() -> dict[str, Any]:
+        msgs: Any = [{"role": "user", "content": "Hello"}]
+        out: dict[str, Any] = {}
+        out["reply"] = good.chat.completions.create(model=LLAMA, messages=msgs, max_tokens=5)
+        out["models"] = [m.id for m in good.models.list()]
+        for name, call in (("wrong", lambda: bad.chat.completions.create(
+                                model=LLAMA, messages=msgs, max_tokens=5)),
+                           ("other", lambda: good.chat.completions.create(
+                               model="tiny", messages=msgs, max_tokens=5))):
+            try:
+                call()
+                out[name] = None
+            except openai.APIStatusError as e:
+                out[name] = e
+        errors = []
+        for _ in range(4):
+            try:
+                good.chat.completions.create(model=LLAMA, messages=msgs, max_tokens=5)
+            except openai.APIStatusError as e:
+                errors.append(e)
+        out["limited"] = errors
+        return out
+
+    try:
+        got: dict[str, Any] = await deferToThread(run)
+    finally:
+        await fleet.stop()
+    assert got["reply"].choices[0].message.content
+    assert got["models"] == [LLAMA]
+    assert isinstance(got["wrong"], openai.AuthenticationError)
+    assert isinstance(got["other"], openai.PermissionDeniedError)
+    assert got["other"].code == "model_not_allowed"
+    (limited,) = got["limited"]  # 1 + 3 of the 4 fit the 4 a minute
+    assert isinstance(limited, openai.RateLimitError) and limited.code == "rate_limited"
+    assert int(limited.response.headers["retry-after"]) >= 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_ollama_client_with_keys() -> None:
+    """The ollama client sends the key as a header: with it, chat and list work; without
+    it, the client raises ResponseError 401 carrying Pharos's message."""
+    fleet = await keyed_fleet()
+    keyed = ollama.Client(host=fleet.url, headers={"Authorization": f"Bearer {KEY}"})
+    bare = ollama.Client(host=fleet.url)
+
+    def run() -> dict[str, Any]:
+        msgs: Any = [{"role": "user", "content": "Hello"}]
+        out: dict[str, Any] = {"chat": keyed.chat(model=LLAMA, messages=msgs,
+                                                  options={"num_predict": 5}),
+                               "listed": [m.model for m in keyed.list().models]}
+        try:
+            bare.chat(model=LLAMA, messages=msgs)
+            out["bare"] = None
+        except ollama.ResponseError as e:
+            out["bare"] = e
+        return out
+
+    try:
+        got: dict[str, Any] = await deferToThread(run)
+    finally:
+        await fleet.stop()
+    assert got["chat"].message.content and got["listed"] == [LLAMA]
+    assert got["bare"].status_code == 401 and "API key" in got["bare"].error

@@ -5,6 +5,7 @@ equal to what the engines reported, the journal, and a queued client's reservati
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -235,5 +236,20 @@ async def test_a_client_that_leaves_while_queued_frees_its_reservation() -> None
         await eventually(lambda: f.pharos.ledger.reserved_today(key="carol") == 0, timeout=10)
         assert f.pharos.ledger.spent_today(key="carol") == 0
         await within(long, 30)
+    finally:
+        await f.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_swaps_the_key_set_whole() -> None:
+    """After a reload that drops alice and adds dave, dave's key works and alice's is a 401,
+    without a restart (what ConfigWatcher hands the service)."""
+    f = await fleet()
+    try:
+        assert (await call(f, "POST", "/v1/chat/completions", ALICE, chat()))[0] == 200
+        dave = Key(name="dave", sha256=digest("phk-dave"))
+        f.pharos.reconfigure(dataclasses.replace(f.pharos.config, keys=(KEYS[0], dave)))
+        assert (await call(f, "POST", "/v1/chat/completions", "phk-dave", chat()))[0] == 200
+        assert (await call(f, "POST", "/v1/chat/completions", ALICE, chat()))[0] == 401
     finally:
         await f.stop()
