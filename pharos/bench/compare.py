@@ -22,11 +22,19 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from pharos.bench.clients import Population, Sender
 from pharos.bench.fleet import Fleet, FleetSpec
 from pharos.bench.openloop import DISPATCH, OpenLoop
 from pharos.bench.processes import StartError
 from pharos.bench.result import read_result, write_result
-from pharos.bench.run import RunSpec, add_workload_options, drive, execute, workload_args
+from pharos.bench.run import (
+    RunSpec,
+    add_workload_options,
+    drive,
+    execute,
+    load_clients,
+    workload_args,
+)
 from pharos.bench.summary import Slo
 from pharos.config import POLICIES
 from pharos.engine.library import OLLAMA
@@ -90,21 +98,24 @@ def _same_run(path: Path, spec: dict[str, Any]) -> bool:
     if doc is None:
         return False
     keys = ("workload", "rate", "duration", "seed", "warmup", "workload_args", "policy", "slo",
-            "timeout", "max_requests", "fleet")
+            "timeout", "max_requests", "fleet", "clients")
     return all(doc["spec"].get(k) == spec.get(k) for k in keys)
 
 
 class Comparison:
     """The runs of one ``compare`` command; ``shutdown`` ends the current one early."""
 
-    def __init__(self, reactor: Any, a: argparse.Namespace) -> None:
+    def __init__(self, reactor: Any, a: argparse.Namespace,
+                 clients: Population | None = None) -> None:
         self.reactor = reactor
         self.a = a
+        self.clients = clients
         self.fleet: Fleet | None = None
         self.loop: OpenLoop | None = None
         self.failed = 0
         self.stopping = False
-        self._workload: tuple[tuple[float, int], list[Request]] | None = None
+        self._workload: tuple[tuple[float, int],
+                              tuple[list[Request], list[Sender] | None]] | None = None
 
     async def run(self) -> int:
         a = self.a
@@ -116,15 +127,16 @@ class Comparison:
             base = RunSpec(workload=a.workload, rate=rate, duration=a.duration, seed=seed,
                            urls=(), warmup=warmup, workload_args=workload_args(a.workload_arg),
                            slo=Slo(a.slo_ttft, a.slo_tpot), timeout=a.timeout,
-                           max_requests=a.max_requests)
-            requests = self._requests(base)
+                           max_requests=a.max_requests, clients=self.clients)
+            requests, senders = self._traffic(base)
             fleet = FleetSpec(engines=a.engines, kind=a.kind, engine_args=tuple(a.engine_arg),
                               models=served_models(
                                   a.kind, a.engine_arg,
                                   workload_models(a.workload, base.workload_args, requests),
                                   a.model_gb),
                               policy=policy if policy in POLICIES else None,
-                              capacity=a.backend_capacity)
+                              capacity=a.backend_capacity,
+                              access=self.clients.access_yaml() if self.clients else None)
             spec = replace(base, policy=policy,
                            dispatch=policy if policy in DISPATCH else None)
             path = result_path(a.out, a.workload, rate, policy, seed)
@@ -133,18 +145,19 @@ class Comparison:
                 print(f"{head}: done already ({path})", flush=True)
                 continue
             print(f"{head}: {len(requests)} requests", flush=True)
-            await self._one(spec, fleet, requests, path, head)
+            await self._one(spec, fleet, requests, senders, path, head)
         return 1 if self.failed else 0
 
-    def _requests(self, base: RunSpec) -> list[Request]:
-        """The workload of ``base``, generated once for all the policies of a rate and seed."""
+    def _traffic(self, base: RunSpec) -> tuple[list[Request], list[Sender] | None]:
+        """The workload of ``base`` and its senders, generated once for all the policies of a
+        rate and seed."""
         key = (base.rate, base.seed)
         if self._workload is None or self._workload[0] != key:
-            self._workload = (key, base.requests())
+            self._workload = (key, base.traffic())
         return self._workload[1]
 
     async def _one(self, spec: RunSpec, fleet_spec: FleetSpec, requests: list[Request],
-                   path: Path, head: str) -> None:
+                   senders: list[Sender] | None, path: Path, head: str) -> None:
         logs = self.a.out / "logs" / spec.workload / rate_name(spec.rate) / path.stem
         self.fleet = fleet = Fleet(self.reactor, logs)
         try:
@@ -153,7 +166,7 @@ class Comparison:
             extra = {"fleet": fleet_spec.to_json(), "engine_urls": fleet.engine_urls}
             cpu = fleet.cpu_seconds()
             doc = await execute(self.reactor, spec, requests, extra, label=head,
-                                started=self._started)
+                                started=self._started, senders=senders)
             for name, after in fleet.cpu_seconds().items():
                 before = cpu.get(name)
                 doc["summary"]["cpu_s"][name] = None if after is None or before is None \
@@ -238,12 +251,14 @@ def main_compare(argv: Sequence[str], reactor: Any) -> int:
     if a.engines < 1:
         parser().error("--engines must be at least 1")
     try:
+        clients = load_clients(a.clients) if a.clients is not None else None
         # the generator's own checks, on a short stretch of the workload
         RunSpec(workload=a.workload, rate=a.rate[0], duration=min(a.duration, 1.0),
-                seed=a.seeds[0], urls=(), workload_args=workload_args(a.workload_arg)).requests()
+                seed=a.seeds[0], urls=(), workload_args=workload_args(a.workload_arg),
+                clients=clients).traffic()
     except (TypeError, ValueError) as e:
         print(f"pharos bench compare: {e}", file=sys.stderr)
         return 2
-    comparison = Comparison(reactor, a)
+    comparison = Comparison(reactor, a, clients)
     reactor.addSystemEventTrigger("before", "shutdown", comparison.shutdown)
     return drive(reactor, lambda: Deferred.fromCoroutine(comparison.run()))

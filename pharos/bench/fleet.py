@@ -41,13 +41,16 @@ class FleetSpec:
     policy: str | None = None
     #: Each backend's ``capacity`` in Pharos's config (``None``: Pharos reads or assumes it).
     capacity: int | None = None
+    #: The ``keys:``/``tenants:`` sections of Pharos's config (``None``: no keys, open).
+    access: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``fleet`` part of a result file's spec."""
         return {"engines": self.engines, "kind": self.kind,
                 "engine_args": list(self.engine_args),
                 "models": dict(self.models) if self.models else None,
-                "pharos_policy": self.policy, "capacity": self.capacity}
+                "pharos_policy": self.policy, "capacity": self.capacity,
+                "access": self.access}
 
 
 def engine_command(spec: FleetSpec) -> list[str]:
@@ -60,14 +63,15 @@ def engine_command(spec: FleetSpec) -> list[str]:
 
 
 def pharos_config(port: int, urls: Sequence[str], kind: str, policy: str,
-                  capacity: int | None = None) -> str:
-    """Pharos's YAML config: the engines as static backends, the policy."""
+                  capacity: int | None = None, access: str | None = None) -> str:
+    """Pharos's YAML config: the engines as static backends, the policy, and the keys and
+    tenants when ``access`` holds them."""
     lines = [f"listen: 127.0.0.1:{port}", f"policy: {policy}", "backends:"]
     for url in urls:
         lines += [f"  - url: {url}", f"    kind: {kind}"]
         if capacity is not None:
             lines.append(f"    capacity: {capacity}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (access or "")
 
 
 class Fleet:
@@ -103,7 +107,7 @@ class Fleet:
             port = free_port()
             config = self.logs / "pharos.yaml"
             config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy,
-                                         spec.capacity))
+                                         spec.capacity, spec.access))
             pharos = spawn(self.reactor, "pharos",
                            [*console_script("twistd"), "-n", "--pidfile=", "pharos", "-c",
                             str(config)], self.logs / "pharos.log", cwd=self.logs,

@@ -25,6 +25,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool, ResponseFailed
 from twisted.web.http_headers import Headers
 
+from pharos.bench.clients import Sender
 from pharos.bench.records import (
     DISCONNECTED,
     NO_TOKEN,
@@ -127,6 +128,8 @@ class OpenLoop:
     timeouts and reads the times, so a test can drive time by hand while the bytes move on real
     sockets. ``warmup``: requests scheduled before it are sent but marked ``warmup``.
     ``on_change`` is called after every send and every end (for a progress line).
+    ``senders``, one per request when given, say who sends it: its ``Authorization`` header
+    and its record's ``client`` and ``key``.
     """
 
     def __init__(
@@ -142,9 +145,13 @@ class OpenLoop:
         clock: IReactorTime | None = None,
         pool: HTTPConnectionPool | None = None,
         on_change: Callable[[], None] | None = None,
+        senders: Sequence[Sender] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout}")
+        if senders is not None and len(senders) != len(requests):
+            raise ValueError(f"{len(senders)} senders for {len(requests)} requests")
+        self.senders = list(senders) if senders is not None else None
         self.reactor = reactor
         self.clock: IReactorTime = clock if clock is not None else reactor
         self.requests = list(requests)
@@ -157,7 +164,9 @@ class OpenLoop:
         self.client = make_client(reactor, self.pool)
         self.records = [
             RequestRecord(index=i, at=r.at, tag=r.tag, model=r.model, max_tokens=r.max_tokens,
-                          session=r.session, warmup=r.at < warmup)
+                          session=r.session, warmup=r.at < warmup,
+                          client=self.senders[i].client if self.senders else None,
+                          key=self.senders[i].key if self.senders else None)
             for i, r in enumerate(self.requests)
         ]
         self.sent = 0
@@ -219,7 +228,10 @@ class OpenLoop:
         self._expiry[i] = self.clock.callLater(
             max(0.0, self._scheduled(i) + self.timeout - now), self._expire, i)
         headers = Headers({b"content-type": [b"application/json"]})
-        for name, value in req.headers().items():
+        extra = req.headers()
+        if self.senders is not None:
+            extra.update(self.senders[i].headers())
+        for name, value in extra.items():
             headers.addRawHeader(name.encode(), value.encode())
         d: Deferred[Any] = self.client.request(
             "POST", rec.url + CHAT_PATH, data=json.dumps(req.body()).encode(), headers=headers,

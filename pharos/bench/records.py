@@ -28,6 +28,10 @@ class RequestRecord:
     model: str
     max_tokens: int
     session: str | None = None
+    #: The client group that sent it and the API key it sent, when the run names clients
+    #: (``pharos.bench.clients``).
+    client: str | None = None
+    key: str | None = None
     #: Scheduled before the warm-up ended: sent, but left out of the summary.
     warmup: bool = False
     url: str | None = None

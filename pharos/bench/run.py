@@ -10,14 +10,16 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ReactorNotRunning
 from twisted.python.failure import Failure
 
+from pharos.bench.clients import Population, Sender, load
 from pharos.bench.openloop import DEFAULT_TIMEOUT, DISPATCH, OpenLoop
 from pharos.bench.progress import Progress
 from pharos.bench.result import environment, result_document, write_result
@@ -44,11 +46,27 @@ class RunSpec:
     slo: Slo = field(default_factory=Slo)
     timeout: float = DEFAULT_TIMEOUT
     max_requests: int | None = None
+    #: Who sends the requests, as which API keys (``None``: no key, one stream).
+    clients: Population | None = None
 
     def requests(self) -> list[Request]:
         """The workload: the same for the same workload, seed, rate, duration and arguments."""
-        reqs = generate(self.workload, self.seed, self.rate, self.duration, **self.workload_args)
-        return reqs[: self.max_requests] if self.max_requests is not None else reqs
+        return self.traffic()[0]
+
+    def traffic(self) -> tuple[list[Request], list[Sender] | None]:
+        """The workload and, with ``clients``, who sends each request (each client group's
+        stream the same whatever the others send)."""
+        senders: list[Sender] | None = None
+        if self.clients is None:
+            reqs = generate(self.workload, self.seed, self.rate, self.duration,
+                            **self.workload_args)
+        else:
+            reqs, senders = self.clients.traffic(self.workload, self.seed, self.rate,
+                                                 self.duration, **self.workload_args)
+        if self.max_requests is not None:
+            reqs = reqs[: self.max_requests]
+            senders = senders[: self.max_requests] if senders is not None else None
+        return reqs, senders
 
     def to_json(self) -> dict[str, Any]:
         """The ``spec`` part of the result file (without the environment)."""
@@ -58,19 +76,24 @@ class RunSpec:
             "policy": self.policy, "urls": list(self.urls), "dispatch": self.dispatch,
             "slo": {"ttft_s": self.slo.ttft, "tpot_s": self.slo.tpot},
             "timeout": self.timeout, "max_requests": self.max_requests,
+            "clients": self.clients.to_json() if self.clients is not None else None,
         }
 
 
 async def execute(reactor: Any, spec: RunSpec, requests: Sequence[Request] | None = None,
                   extra: dict[str, Any] | None = None, label: str = "",
-                  started: Callable[[OpenLoop], None] | None = None) -> dict[str, Any]:
-    """Run ``spec`` (its workload, or ``requests`` when the caller generated them already) on
-    ``reactor``; the result document. ``extra`` joins the spec (the fleet that served it);
-    ``started`` sees the run as it begins (to abort it)."""
-    reqs = list(requests) if requests is not None else spec.requests()
+                  started: Callable[[OpenLoop], None] | None = None,
+                  senders: Sequence[Sender] | None = None) -> dict[str, Any]:
+    """Run ``spec`` (its workload, or ``requests`` and their ``senders`` when the caller
+    generated them already) on ``reactor``; the result document. ``extra`` joins the spec (the
+    fleet that served it); ``started`` sees the run as it begins (to abort it)."""
+    if requests is None:
+        reqs, senders = spec.traffic()
+    else:
+        reqs = list(requests)
     env = environment()
     loop = OpenLoop(reactor, reqs, spec.urls, dispatch=spec.dispatch or "round-robin",
-                    seed=spec.seed, timeout=spec.timeout, warmup=spec.warmup)
+                    seed=spec.seed, timeout=spec.timeout, warmup=spec.warmup, senders=senders)
     progress = Progress(reactor, loop, len(reqs), spec.duration, label)
     if started is not None:
         started(loop)
@@ -146,6 +169,10 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--max-requests", type=int, default=None,
                    help="send only the first N requests of the workload")
+    p.add_argument("--clients", type=Path, default=None, metavar="FILE",
+                   help="send the workload as several API keys: a YAML file of client groups "
+                        "(share of --rate, keys, weight, tenant; see pharos.bench.clients); "
+                        "records and the summary are split by group")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -188,6 +215,14 @@ def drive(reactor: Any, job: Callable[[], Deferred[int]]) -> int:
     return code[0]
 
 
+def load_clients(path: Path) -> Population:
+    """The clients file at ``path``; ValueError names the file and what is wrong with it."""
+    try:
+        return load(path)
+    except (OSError, yaml.YAMLError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
 def main_run(argv: Sequence[str], reactor: Any) -> int:
     """``pharos bench run ...`` on ``reactor`` (the console script passes the global one)."""
     a = parser().parse_args(argv)
@@ -203,13 +238,15 @@ def main_run(argv: Sequence[str], reactor: Any) -> int:
         policy=a.policy_label or a.dispatch, dispatch=a.dispatch,
         slo=Slo(a.slo_ttft, a.slo_tpot), timeout=a.timeout, max_requests=a.max_requests)
     try:
-        requests = spec.requests()
+        if a.clients is not None:
+            spec = replace(spec, clients=load_clients(a.clients))
+        requests, senders = spec.traffic()
     except (TypeError, ValueError) as e:
         print(f"pharos bench run: {e}", file=sys.stderr)
         return 2
 
     async def job() -> int:
-        doc = await execute(reactor, spec, requests, label=a.workload)
+        doc = await execute(reactor, spec, requests, label=a.workload, senders=senders)
         write_result(a.out, doc)
         print(describe(doc["summary"]))
         print(f"wrote {a.out}")

@@ -49,12 +49,13 @@ def percentile(values: Sequence[float], p: float) -> float | None:
 
 
 def distribution(values: Iterable[float | None]) -> dict[str, float | int | None]:
-    """p50, p90, p99, mean and max of the known values, and how many there were."""
+    """p50, p90, p95, p99, mean and max of the known values, and how many there were."""
     known = [v for v in values if v is not None]
     return {
         "n": len(known),
         "p50": percentile(known, 50),
         "p90": percentile(known, 90),
+        "p95": percentile(known, 95),
         "p99": percentile(known, 99),
         "mean": sum(known) / len(known) if known else None,
         "max": max(known) if known else None,
@@ -96,7 +97,7 @@ def summarize(
     def rate(n: float) -> float | None:
         return n / window if window > 0 else None
 
-    return {
+    out: dict[str, Any] = {
         "requests": len(records),
         "warmup_requests": len(records) - len(counted),
         "counted": len(counted),
@@ -116,6 +117,30 @@ def summarize(
         "busiest_share": busiest,
         "errors": dict(sorted(errors.items())),
         "send_lag_s": distribution(r.lag for r in counted),
+    }
+    clients = sorted({r.client for r in counted if r.client is not None})
+    if clients:
+        out["per_client"] = {c: per_client([r for r in counted if r.client == c], window)
+                             for c in clients}
+    return out
+
+
+def per_client(counted: Sequence[RequestRecord], window: float) -> dict[str, Any]:
+    """One client group's part of a run (its counted requests): how many, how many were
+    served, their TTFT and end-to-end latency, and what it was served per second (requests and
+    output tokens), so groups can be set side by side."""
+    ok = [r for r in counted if r.ok]
+    output = sum(r.completion_tokens or 0 for r in ok)
+    errors = Counter(r.error or f"http_{r.status}" for r in counted if not r.ok)
+    return {
+        "counted": len(counted),
+        "ok": len(ok),
+        "keys": len({r.key for r in counted if r.key is not None}),
+        "ttft_s": distribution(r.ttft for r in ok),
+        "e2e_s": distribution(r.e2e for r in ok),
+        "throughput_rps": len(ok) / window if window > 0 else None,
+        "output_tokens_per_s": output / window if window > 0 else None,
+        "errors": dict(sorted(errors.items())),
     }
 
 
