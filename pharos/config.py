@@ -92,6 +92,10 @@ BACKEND_NOT_YET: Final = {
     "logs": "log-file and Docker log probes come with the log-feeds issue",
 }
 
+#: Connections the kernel holds for Pharos to accept: Twisted's default of 50 dropped most of a
+#: burst of 1,000 clients (their connections reset or retried after seconds; the kernel caps it
+#: at net.core.somaxconn, 4096 here).
+LISTEN_BACKLOG: Final = 1024
 #: Residency values a log line can report; ``unknown`` is what no line says.
 _FIXED_RESIDENCIES: Final = (Residency.LOADED, Residency.LOADING, Residency.COLD)
 #: Twisted's own server endpoint types, so ``tcp:8090`` is not read as host ``tcp``, port 8090.
@@ -178,9 +182,11 @@ class Listen:
     address: str
 
     def strports(self) -> str:
-        """The Twisted strports description: ``:8090`` → ``tcp:8090``, ``127.0.0.1:8090`` →
-        ``tcp:8090:interface=127.0.0.1``; an endpoint string passes through unchanged."""
-        return _parse_listen(self.address)[0]
+        """The Twisted strports description: ``:8090`` → ``tcp:8090:backlog=1024``,
+        ``127.0.0.1:8090`` → ``tcp:8090:interface=127.0.0.1:backlog=1024``; an endpoint
+        string passes through unchanged (its backlog is the operator's)."""
+        desc = _parse_listen(self.address)[0]
+        return desc if desc == self.address else f"{desc}:backlog={LISTEN_BACKLOG}"
 
     def port(self) -> int | None:
         """The TCP port, when the address names one (peers.dns without a port takes it)."""

@@ -103,6 +103,10 @@ class _BoundedBody(TxProtocol):
             self._done.errback(FetchError(f"body cut: {reason.getErrorMessage()}"))
 
 
+#: Seconds past its deadline a timeout must fire to count as late (the reactor was busy).
+LATE_DEADLINE = 0.05
+
+
 class HTTPFetcher:
     """GETs paths of one backend with treq, bounded in size and time.
 
@@ -134,16 +138,29 @@ class HTTPFetcher:
                              timeout or self._timeout)
 
     def _bounded(self, d: Deferred[Fetched], timeout: float) -> Deferred[Fetched]:
-        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure."""
+        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure.
+
+        A deadline that fires late (the reactor was busy: a burst of a thousand clients held
+        it for seconds) first gives the reply as long again as it was late, once: its bytes
+        may be sitting unread, and the timeout measures the engine, not Pharos's own reactor
+        (without this, a burst marked every engine down and answered its clients 503)."""
         timed_out: list[bool] = []
+        deadline = self._clock.seconds() + timeout
+        extended: list[bool] = []
 
         def expire() -> None:
+            late = self._clock.seconds() - deadline
+            if late > LATE_DEADLINE and not extended:
+                extended.append(True)
+                calls[0] = self._clock.callLater(min(late, timeout), expire)
+                return
             timed_out.append(True)
             d.cancel()
 
-        call = self._clock.callLater(timeout, expire)
+        calls = [self._clock.callLater(timeout, expire)]
 
         def settle(result: object) -> object:
+            call = calls[0]
             if call.active():
                 call.cancel()
             if isinstance(result, Failure) and not result.check(FetchError):

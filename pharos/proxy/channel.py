@@ -26,7 +26,8 @@ from zope.interface import implementer
 from pharos.config import DEFAULT_REQUEST_HEADERS
 from pharos.proxy.errors import ApiError, is_ollama_path
 
-_REASONS = {400: b"Bad Request", 408: b"Request Timeout"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout",
+            431: b"Request Header Fields Too Large"}
 
 
 class PharosChannel(HTTPChannel):
@@ -66,6 +67,11 @@ class PharosChannel(HTTPChannel):
         timer, self._head_timer = self._head_timer, None
         if timer is not None and timer.active():
             timer.cancel()
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A request or header line past ``MAX_LENGTH`` (16 KiB; an enormous Authorization or
+        cookie): 431, where LineReceiver would close without a word."""
+        self._refuse(431, f"a request header line is longer than {self.MAX_LENGTH} bytes")
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         self._refuse(400, "malformed HTTP request (request line, headers or body framing)")

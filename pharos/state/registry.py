@@ -22,6 +22,7 @@ class BackendState:
     plan: Plan | None = None
     full: Snapshot | None = None
     full_at: float | None = None
+    full_round: int = 0  # ``rounds`` when the last full round was published
     load: Snapshot | None = None
     load_at: float | None = None
     ejected: bool = False

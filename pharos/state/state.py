@@ -142,11 +142,15 @@ class State:
             self.on_down(backend, why)
 
     def is_up(self, b: BackendState, now: float | None = None) -> bool:
-        """Up while its last full round is fresh, or its replies flow (``replying``), and it
-        is not ejected or removed."""
+        """Up while its last full round is fresh, and it is not ejected or removed. Fresh in
+        time, or in rounds (no more than ``STALE_AFTER_INTERVALS`` full rounds' worth of
+        rounds since: a reactor held for seconds by a burst of clients ran no round, which
+        says nothing of the engine; failed rounds eject it), or while its replies flow
+        (``replying``)."""
         now = self.clock.seconds() if now is None else now
         return (not b.ejected and not b.removed and b.full_at is not None
                 and (now - b.full_at <= STALE_AFTER_INTERVALS * self.full_interval
+                     or b.rounds - b.full_round <= STALE_AFTER_INTERVALS * self.full_every
                      or self.replying(b, now)))
 
     def replying(self, b: BackendState, now: float) -> bool:
@@ -239,7 +243,7 @@ class State:
         snap = rename(snap, b.spec.aliases)
         if full:
             self._bump_generations(b, b.full, snap)
-            b.full, b.full_at = snap, now
+            b.full, b.full_at, b.full_round = snap, now, b.rounds
             aliases_back = {v: k for k, v in b.spec.aliases.items()}
             for m in snap.models or ():
                 self.target(b, m, aliases_back.get(m, m))

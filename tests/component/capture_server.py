@@ -9,6 +9,7 @@ from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTim
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from pharos.config import LISTEN_BACKLOG
 from pharos.engine.capture import Capture
 
 
@@ -67,7 +68,8 @@ def serve(resource: Resource | Site) -> tuple[IListeningPort, str]:
 
     tcp: IReactorTCP = reactor
     site = resource if isinstance(resource, Site) else Site(resource)
-    port = tcp.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[arg-type]
+    port = tcp.listenTCP(0, site, backlog=LISTEN_BACKLOG,  # type: ignore[arg-type]
+                         interface="127.0.0.1")
     host = port.getHost()
     assert isinstance(host, IPv4Address)
     return port, f"http://127.0.0.1:{host.port}"

@@ -126,7 +126,7 @@ def test_empty_file_is_all_defaults(text: str) -> None:
     """An empty file is a valid config: no backends, no keys, and the spec's defaults."""
     config = parse(text)
     assert config == Config()
-    assert config.listen.strports() == "tcp:8090"
+    assert config.listen.strports() == "tcp:8090:backlog=1024"
     assert config.policy == "cost"
     assert (config.backends, config.keys, config.state_file, config.peers) == ((), (), None, None)
     assert config.usage == Usage(timezone=None, retention_days=400)
@@ -661,12 +661,12 @@ def test_drain_rejects(raw: str) -> None:
 @pytest.mark.parametrize(
     ("text", "strports", "port"),
     [
-        (":8090", "tcp:8090", 8090),
-        ("127.0.0.1:8090", "tcp:8090:interface=127.0.0.1", 8090),
-        ("0.0.0.0:80", "tcp:80:interface=0.0.0.0", 80),
-        ("localhost:8090", "tcp:8090:interface=localhost", 8090),
-        ("[::1]:8090", "tcp6:8090:interface=\\:\\:1", 8090),
-        ("[::]:8090", "tcp6:8090:interface=\\:\\:", 8090),
+        (":8090", "tcp:8090:backlog=1024", 8090),
+        ("127.0.0.1:8090", "tcp:8090:interface=127.0.0.1:backlog=1024", 8090),
+        ("0.0.0.0:80", "tcp:80:interface=0.0.0.0:backlog=1024", 80),
+        ("localhost:8090", "tcp:8090:interface=localhost:backlog=1024", 8090),
+        ("[::1]:8090", "tcp6:8090:interface=\\:\\:1:backlog=1024", 8090),
+        ("[::]:8090", "tcp6:8090:interface=\\:\\::backlog=1024", 8090),
         ("tcp:8090:interface=127.0.0.1", "tcp:8090:interface=127.0.0.1", 8090),
         ("tcp:8090", "tcp:8090", 8090),
         ("tcp6:8090:interface=\\:\\:1", "tcp6:8090:interface=\\:\\:1", 8090),
@@ -692,7 +692,7 @@ def test_listen_interface_reaches_twisted() -> None:
 
 def test_listen_bare_port_number() -> None:
     """A bare YAML number is a port on every interface."""
-    assert parse("listen: 9000").listen.strports() == "tcp:9000"
+    assert parse("listen: 9000").listen.strports() == "tcp:9000:backlog=1024"
     assert errors("listen: 99999")[0].endswith(", got 99999")
 
 

@@ -135,13 +135,30 @@ def test_views_go_stale_after_three_intervals() -> None:
     assert state.view(a).residency is Residency.LOADED
     assert state.view(a).up
     fake.answers = {p: FetchError("refused") for p in fake.answers}
-    clock.advance(14.0)
+    clock.pump([1.0] * 14)  # a reactor that runs its rounds
     assert state.view(a).residency is Residency.LOADED  # still within 3 full intervals
-    clock.advance(2.0)
+    clock.pump([1.0] * 2)
     v = state.view(a)
     assert v.residency is Residency.UNKNOWN
     assert not v.up
     assert state.targets_for("a") == []
+    state.service.stopService()
+
+
+def test_a_reactor_that_ran_no_rounds_leaves_the_backend_up() -> None:
+    """Time that passed without rounds (the reactor held by a burst of clients) does not make
+    a backend stale: it stays up until its rounds run and fail."""
+    fake = ollama()
+    state, clock, _ = make({"http://a:1": fake})
+    state.set_backends([spec()])
+    state.service.startService()
+    clock.advance(0.5)
+    b = state.backends["http://a:1"]
+    clock.advance(30.0)  # one step: no round ran in between
+    assert state.is_up(b)
+    fake.answers = {p: FetchError("refused") for p in fake.answers}
+    clock.pump([1.0] * 20)
+    assert not state.is_up(b)
     state.service.stopService()
 
 
