@@ -31,11 +31,13 @@ Two policies share the signature (``POLICIES``):
 
 Both report every candidate's ``Score`` (for explain, the status page and tests) and neither
 ever picks a candidate that is set aside (a cold load that would not fit). A pick computes only
-what selection reads, each candidate's estimate, utilization and set-aside reason, and the full
-terms of the candidates its reason names; the rest are built when ``Decision.scores`` is read.
-The estimate is written twice for that: in full in ``_Fleet.terms`` and inlined in the hot loop
-``_select_cost``. A new cost term goes in both (a ``Candidate`` field, its term in each est_ttft,
-and in ``Score`` to show it); a property test compares the two over every ``Candidate`` field.
+what selection reads: each candidate's estimate (cost) or utilization (least-load) and
+set-aside reason, the tied candidates' utilization, and the winner. The decision's reason,
+outcome and guards, and every candidate's full terms, are built from the pick's working set
+when first read (``Decision``). The estimate is written twice for that: in full in
+``_Fleet.terms`` and inlined in the hot loop ``_select_cost``. A new cost term goes in both (a
+``Candidate`` field, its term in each est_ttft, and in ``Score`` to show it); a property test
+compares the two over every ``Candidate`` field.
 
 Unknown is ``None``, never 0: an unknown prefill speed, load time or service time falls back to
 the median over the candidates that know it, then to the documented default below, and the
@@ -227,38 +229,47 @@ class Score:
 class Decision:
     """Where the request goes, and why.
 
-    Every candidate's full terms (``score_terms``, ``scores``) are built when first read: a
-    pick computes only what selection reads (each candidate's estimate and utilization and
-    whether it is set aside) and the full terms of the candidates its reason names. Building
-    all 64 candidates' terms on every pick was most of a decision (issue 10 item 6), and only
-    explain, the status page and tests read them; the scheduler reads ``target_terms``.
-    Equality and the hash cover the terms, so a decision is still a plain value."""
+    A pick decides the target and whether to queue, and nothing else: what people read (the
+    ``reason``, the §13 outcome ``why``, the ``guards`` that acted) and every candidate's full
+    terms (``score_terms``, ``scores``) are built from the pick's working set when first read,
+    and kept. Building them on every pick was most of a decision (issue 10 item 6), while only
+    a request that gets its reply headers reads the reason, and only explain, the status page
+    and tests read the rest: a waiter placed again on every release reads none of it. The
+    scheduler reads ``target_terms``. Equality and the hash cover all of it, so a decision is
+    still a plain value."""
 
     target_id: int | None  # None: no feasible candidate (or none at all)
     enqueue: bool  # the target has no free slot (or none is feasible): wait in the fair queue
-    reason: str  # for people: logs, headers, the status page
-    why: Why | None  # the §13 route outcome; None without a target
-    #: The terms per candidate, or the pick's working set, which builds them on first read.
-    _terms: tuple[ScoreTerms, ...] | _Scored = field(repr=False)
-    #: Guards that acted on this decision (``KV_WAIVED``, ``KV_DISCOUNTED``).
-    guards: tuple[str, ...] = ()
+    #: The pick's working set, which builds the rest on first read.
+    _scored: _Scored = field(repr=False)
+
+    @property
+    def reason(self) -> str:
+        """For people: logs, headers, the status page."""
+        return self._scored.explanation()[0]
+
+    @property
+    def why(self) -> Why | None:
+        """The §13 route outcome; None without a target."""
+        return self._scored.explanation()[1]
+
+    @property
+    def guards(self) -> tuple[str, ...]:
+        """Guards that acted on this decision (``KV_WAIVED``, ``KV_DISCOUNTED``)."""
+        return self._scored.explanation()[2]
 
     @property
     def score_terms(self) -> tuple[ScoreTerms, ...]:
         """Per candidate, in the order of the candidates (built on the first read)."""
-        terms = self._terms
-        return terms if isinstance(terms, tuple) else terms.all_terms()
+        return self._scored.all_terms()
 
     @property
     def target_terms(self) -> ScoreTerms | None:
-        """The winner's terms, None without a target: the pick built them already, so reading
-        them builds no other candidate's."""
+        """The winner's terms, None without a target: reading them builds no other
+        candidate's."""
         if self.target_id is None:
             return None
-        terms = self._terms
-        if isinstance(terms, tuple):
-            return next((t for t in terms if t[0] == self.target_id), None)
-        return terms.terms_at(terms.win)
+        return self._scored.terms_at(self._scored.win)
 
     @property
     def scores(self) -> tuple[Score, ...]:
@@ -276,6 +287,10 @@ class Decision:
 
     def __hash__(self) -> int:
         return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Decision(target_id={self.target_id!r}, enqueue={self.enqueue!r}, "
+                f"reason={self.reason!r}, why={self.why!r}, guards={self.guards!r})")
 
 
 def _median(values: list[float]) -> float:
@@ -305,41 +320,62 @@ _UNBOUNDED: Final = 1 << 62
 
 class _Fleet:
     """What every candidate's terms share in one pick: the prompt, the config, the guards'
-    fleet-wide inputs (gathered in one pass) and the fleet medians of unknown inputs (each
-    taken once, when first needed)."""
+    fleet-wide inputs and the fleet medians of unknown inputs. Each fleet-wide input is taken
+    when first needed, and once: a pick over candidates that all know their speeds takes no
+    median, and one where no matched candidate is above the KV threshold never counts the
+    fleet's KV usage (only the explanation does)."""
 
-    __slots__ = ("_load", "_prefill", "_service", "bound", "candidates", "cfg", "kv_discounted",
-                 "kv_waived", "prompt", "threshold")
+    __slots__ = ("_kv", "_load", "_prefill", "_service", "bound", "candidates", "cfg", "prompt",
+                 "threshold")
 
     def __init__(self, req: RouteReq, candidates: tuple[Candidate, ...], cfg: PolicyConfig
                  ) -> None:
-        prompt = self.prompt = req.prompt_tokens
-        threshold = self.threshold = cfg.kv_pressure_threshold
+        self.prompt = req.prompt_tokens
+        self.threshold = cfg.kv_pressure_threshold
         self.cfg = cfg
         self.candidates = candidates
         self._load: tuple[float, str] | None = None
         self._prefill: tuple[float, str] | None = None
         self._service: tuple[float, str] | None = None
-        known = above = pressed = total_inflight = 0
-        for c in candidates:
-            total_inflight += c.inflight
-            kv = c.kv_usage
-            if kv is not None:
-                known += 1
-                if kv > threshold:
-                    above += 1
-                    if _matched(c.matched_tokens, prompt):
-                        pressed += 1
+        self._kv: tuple[bool, int] | None = None  # (waived, discounted): ``_kv_pressure``
         n = len(candidates)
         epsilon = cfg.bounded_load_epsilon if cfg.name == "cost" else None
         #: Bounded load: a candidate holding this many in-flight requests is set aside.
-        self.bound = (_UNBOUNDED if epsilon is None or n < 2
-                      else max(1, math.ceil((1 + epsilon) * (total_inflight + 1) / n)))
-        #: Every (or nearly every) candidate is under KV pressure: the guard is off for all.
-        self.kv_waived = threshold < 1 and known > 0 and (
-            known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
-        #: Matches the guard discounts.
-        self.kv_discounted = 0 if self.kv_waived else pressed
+        if epsilon is None or n < 2:
+            self.bound = _UNBOUNDED
+        else:
+            total_inflight = sum([c.inflight for c in candidates])
+            self.bound = max(1, math.ceil((1 + epsilon) * (total_inflight + 1) / n))
+
+    @property
+    def kv_waived(self) -> bool:
+        """Every (or nearly every) candidate is under KV pressure: the guard is off for all."""
+        return self._kv_pressure()[0]
+
+    @property
+    def kv_discounted(self) -> int:
+        """Matches the guard discounts (0 when it is waived)."""
+        return self._kv_pressure()[1]
+
+    def _kv_pressure(self) -> tuple[bool, int]:
+        """The KV-pressure guard's fleet-wide inputs, in one pass when first asked: by the hot
+        loop at the first match above the threshold, else by the explanation."""
+        pressure = self._kv
+        if pressure is None:
+            threshold, prompt = self.threshold, self.prompt
+            known = above = pressed = 0
+            for c in self.candidates:
+                kv = c.kv_usage
+                if kv is not None:
+                    known += 1
+                    if kv > threshold:
+                        above += 1
+                        if _matched(c.matched_tokens, prompt):
+                            pressed += 1
+            waived = threshold < 1 and known > 0 and (
+                known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
+            pressure = self._kv = (waived, 0 if waived else pressed)
+        return pressure
 
     def service_sec(self) -> tuple[float, str]:
         """The service time for a candidate that does not know its own, with its note."""
@@ -434,12 +470,18 @@ class _Fleet:
                 evict)
 
 
-class _Scored:
-    """One pick's working set: the columns selection reads, and the full terms of any
-    candidate, built when asked for (``terms_at``, ``all_terms``) and kept."""
+#: What a decision says to people: its reason, its §13 outcome and the guards that acted.
+Explanation: TypeAlias = tuple[str, Why | None, tuple[str, ...]]
 
-    __slots__ = ("_all", "_some", "aside", "best", "candidates", "est", "feasible", "fleet",
-                 "util", "win")
+
+class _Scored:
+    """One pick's working set: the columns selection reads, how the winner was chosen, and
+    what is built from them when asked for and then kept: the full terms of any candidate
+    (``terms_at``, ``all_terms``), the utilization column under cost (``util``) and the
+    decision's explanation (``explanation``)."""
+
+    __slots__ = ("_all", "_explained", "_some", "_util", "aside", "best", "candidates", "est",
+                 "explain", "feasible", "fleet", "limit", "sticky", "tie", "win", "window")
 
     def __init__(self, fleet: _Fleet) -> None:
         self.fleet = fleet
@@ -447,13 +489,35 @@ class _Scored:
         # Per candidate, filled in by index (cheaper than appending).
         n = len(fleet.candidates)
         self.est: list[float | None] = [None] * n  # None: set aside (or not computed)
-        self.util: list[float] = [0.0] * n
+        self._util: list[float] | None = None  # filled in by least-load's selection
         self.feasible: list[int] = []  # indices of the candidates not set aside
         self.best = math.inf  # the lowest est_ttft
         self.aside: dict[str, int] = {}  # set_aside reason -> how many
+        # How the winner was chosen, for the explanation.
         self.win = -1  # the winner's index, once picked
+        self.sticky = False  # the winner is the session's target (affinity)
+        self.tie: str | None = None  # what broke a tie: "utilization", "seed"; None: no tie
+        self.window = self.limit = 0.0  # cost's tie window and the estimate it reaches
+        self.explain: Callable[[_Scored], Explanation] = _explain_no_target
+        self._explained: Explanation | None = None
         self._some: dict[int, ScoreTerms] = {}
         self._all: tuple[ScoreTerms, ...] | None = None
+
+    @property
+    def util(self) -> list[float]:
+        """Every candidate's utilization. Cost's selection reads only the tied candidates'
+        (``util_at``), so under cost the column is built on the first read."""
+        if self._util is None:
+            self._util = [(c.capacity - c.free_slots + c.queue_ahead) / c.capacity
+                          for c in self.candidates]
+        return self._util
+
+    def util_at(self, i: int) -> float:
+        """Candidate ``i``'s utilization, as in ``util``, without building the column."""
+        if self._util is not None:
+            return self._util[i]
+        c = self.candidates[i]
+        return (c.capacity - c.free_slots + c.queue_ahead) / c.capacity
 
     def terms_at(self, i: int) -> ScoreTerms:
         """The full terms of candidate ``i``."""
@@ -469,20 +533,26 @@ class _Scored:
             self._all = tuple(some.get(i) or terms(c) for i, c in enumerate(self.candidates))
         return self._all
 
+    def explanation(self) -> Explanation:
+        """The decision's reason, outcome and guards, built by its policy on the first read."""
+        if self._explained is None:
+            self._explained = self.explain(self)
+        return self._explained
+
 
 def _capacity_error(c: Candidate) -> ValueError:
     return ValueError(f"target {c.target_id}: capacity {c.capacity} < 1")
 
 
 def _select_cost(fleet: _Fleet) -> _Scored:
-    """Each candidate's est_ttft and utilization, and which are set aside: what cost's
-    selection reads, and nothing else (no fallbacks, no per-term record). The hot loop of
-    every decision (64 candidates in the benchmark): it inlines ``_Fleet.terms``' arithmetic,
-    same terms added in the same order, and binds names to locals."""
+    """Each candidate's est_ttft, and which are set aside: what cost's selection reads, and
+    nothing else (no fallbacks, no per-term record, no utilization: only a tie reads that,
+    and only the tied candidates'). The hot loop of every decision (64 candidates in the
+    benchmark): it inlines ``_Fleet.terms``' arithmetic, same terms added in the same order,
+    and binds names to locals."""
     out = _Scored(fleet)
-    ests, utils, aside, add_feasible = out.est, out.util, out.aside, out.feasible.append
+    ests, aside, add_feasible = out.est, out.aside, out.feasible.append
     prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
-    waived = fleet.kv_waived
     service_median = load_median = per_token_median = -1.0  # < 0: not taken yet
     best = math.inf
     for i, c in enumerate(fleet.candidates):
@@ -490,7 +560,6 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         if capacity < 1:
             raise _capacity_error(c)
         free = c.free_slots
-        utils[i] = (capacity - free + c.queue_ahead) / capacity
 
         if c.warm is False and not c.loading:
             if c.fits_if_cold is False:
@@ -540,7 +609,7 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         kv_penalty = 0.0
         if matched:
             kv = c.kv_usage
-            if kv is not None and kv > threshold and not waived:
+            if kv is not None and kv > threshold and not fleet.kv_waived:
                 distrust = (kv - threshold) / (1.0 - threshold)
                 if distrust > 1.0:
                     distrust = 1.0
@@ -564,7 +633,8 @@ def _select_least_load(fleet: _Fleet) -> _Scored:
     reads (the bound is off under the least-load config, so only a cold load that won't fit
     is set aside there)."""
     out = _Scored(fleet)
-    utils, aside, add_feasible = out.util, out.aside, out.feasible.append
+    utils, aside, add_feasible = [0.0] * len(fleet.candidates), out.aside, out.feasible.append
+    out._util = utils
     bound = fleet.bound
     for i, c in enumerate(fleet.candidates):
         capacity = c.capacity
@@ -602,9 +672,7 @@ def rank(seed: int, target_id: int) -> int:
     return z ^ (z >> 31)
 
 
-def _break_tie(
-    ties: list[int], candidates: Sequence[Candidate], util: list[float], seed: int
-) -> tuple[int, str | None]:
+def _break_tie(ties: list[int], scored: _Scored, seed: int) -> tuple[int, str | None]:
     """The lowest utilization among the tied indices, then the lowest seeded random rank
     (rendezvous hashing, so the choice does not depend on candidate order). Returns the winner
     and what broke the tie, None if there was none."""
@@ -612,22 +680,28 @@ def _break_tie(
         return ties[0], None
     low = math.inf
     least: list[int] = []
+    util_at = scored.util_at
     for i in ties:
-        u = util[i]
+        u = util_at(i)
         if u < low:
             low, least = u, [i]
         elif u == low:
             least.append(i)
     if len(least) == 1:
         return least[0], "utilization"
+    candidates = scored.candidates
     return min(least, key=lambda i: rank(seed, candidates[i].target_id)), "seed"
 
 
 def _no_target(scored: _Scored) -> Decision:
+    """No feasible candidate (or none at all): queue, unless there is nothing to wait for."""
+    return Decision(None, bool(scored.candidates), scored)
+
+
+def _explain_no_target(scored: _Scored) -> Explanation:
     if not scored.candidates:
-        return Decision(None, False, "no candidates", None, ())
-    reason = f"no feasible target: {_set_aside_note(scored)}"
-    return Decision(None, True, reason, None, scored)
+        return "no candidates", None, ()
+    return f"no feasible target: {_set_aside_note(scored)}", None, ()
 
 
 def _set_aside_note(scored: _Scored) -> str:
@@ -652,11 +726,19 @@ def _label(c: Candidate) -> str:
     return state if c.free_slots > 0 else f"{state}, full"
 
 
-def _decide(scored: _Scored, win: int, why: Why, parts: list[str]) -> Decision:
+def _decide(scored: _Scored, win: int, explain: Callable[[_Scored], Explanation]) -> Decision:
+    """The decision for candidate ``win``: its explanation is ``explain``'s, built when read."""
     c = scored.candidates[win]
     scored.win = win
-    enqueue = c.free_slots <= 0
-    if enqueue:
+    scored.explain = explain
+    return Decision(c.target_id, c.free_slots <= 0, scored)
+
+
+def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
+    """The notes every policy's reason ends with (queueing, guards set aside, assumed inputs,
+    the KV-pressure guard), and the guards that acted."""
+    win = scored.win
+    if scored.candidates[win].free_slots <= 0:
         parts.append("queued: no free slot")
     if scored.aside:
         parts.append(_set_aside_note(scored))
@@ -668,36 +750,53 @@ def _decide(scored: _Scored, win: int, why: Why, parts: list[str]) -> Decision:
     if fleet.kv_waived:
         guards = (KV_WAIVED,)
         parts.append("kv pressure waived (every candidate above the threshold)")
-    elif fleet.kv_discounted:
+    elif discounted := fleet.kv_discounted:
         guards = (KV_DISCOUNTED,)
-        parts.append(f"kv pressure discounted {fleet.kv_discounted} match"
-                     + ("es" if fleet.kv_discounted > 1 else ""))
-    return Decision(c.target_id, enqueue, ", ".join(parts), why, scored, guards)
+        parts.append(f"kv pressure discounted {discounted} match"
+                     + ("es" if discounted > 1 else ""))
+    return ", ".join(parts), why, guards
 
 
-def _why(scored: _Scored, win: int) -> Why:
-    """What the cost winner saved against the least utilized alternative (spec §13 ``route``).
+def _alternatives(scored: _Scored) -> tuple[int, int]:
+    """The cost winner's two yardsticks among the other feasible candidates, in one pass:
+    the reference ``_why`` measures it against (the least utilized, then the lowest
+    est_ttft, then the lowest target id; -1 when the winner is strictly the least utilized or
+    alone) and the runner-up its reason names (the lowest est_ttft, the first in candidate
+    order among equals; -1 when alone)."""
+    candidates, ests, win = scored.candidates, scored.est, scored.win
+    ref, ref_util, ref_est, ref_id = -1, 0.0, 0.0, 0
+    runner, runner_est = -1, 0.0
+    for i in scored.feasible:
+        if i == win:
+            continue
+        est = ests[i] or 0.0
+        if runner < 0 or est < runner_est:
+            runner, runner_est = i, est
+        c = candidates[i]
+        u = (c.capacity - c.free_slots + c.queue_ahead) / c.capacity  # as in _Scored.util
+        if ref < 0 or u < ref_util or (u == ref_util and (
+                est < ref_est or (est == ref_est and c.target_id < ref_id))):
+            ref, ref_util, ref_est, ref_id = i, u, est, c.target_id
+    if ref >= 0 and scored.util_at(win) < ref_util:
+        ref = -1
+    return ref, runner
 
-    The reference is the least utilized feasible target other than the winner, the lowest
-    est_ttft among equals (then the lowest target id), so the outcome never depends on the
-    seed. A winner that is strictly the least utilized won on load alone: ``least_loaded``.
+
+def _why(scored: _Scored, ref: int) -> Why:
+    """What the cost winner saved against the least utilized alternative ``ref`` (spec §13
+    ``route``; ``_alternatives`` finds it so that the outcome never depends on the seed).
+
+    A winner that is strictly the least utilized won on load alone: ``least_loaded``.
     Otherwise ``warm`` if the load it avoids is the larger saving, ``cache`` if the prefill its
     cached prefix avoids is, and ``least_loaded`` if it saved neither (it won on wait or on
     prefill speed)."""
-    candidates, util, ests, feasible = scored.candidates, scored.util, scored.est, scored.feasible
-    low = min(map(util.__getitem__, feasible))
-    ref, ref_est, ref_id = -1, 0.0, 0
-    for i in feasible:
-        if util[i] == low and i != win:
-            est, tid = ests[i] or 0.0, candidates[i].target_id
-            if ref < 0 or est < ref_est or (est == ref_est and tid < ref_id):
-                ref, ref_est, ref_id = i, est, tid
     if ref < 0:
         return "least_loaded"
+    win = scored.win
     r, s = scored.terms_at(ref), scored.terms_at(win)
     warm_saved = r[_LOAD] - s[_LOAD]
     cache_saved = 0.0
-    if candidates[win].matched_tokens > 0:
+    if scored.candidates[win].matched_tokens > 0:
         cache_saved = ((r[_PREFILL] + r[_KV_PENALTY] + r[_EVICT])
                        - (s[_PREFILL] + s[_KV_PENALTY] + s[_EVICT]))
     if warm_saved <= 0 and cache_saved <= 0:
@@ -709,47 +808,50 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     """The lowest estimated TTFT wins; ties within the window go to lower utilization, then to
     the request's seed. Enqueue when the winner has no free slot."""
     scored = _select_cost(_Fleet(req, tuple(candidates), cfg))
-    candidates = scored.candidates
-    ests, feasible = scored.est, len(scored.feasible)
-    if not feasible:
+    if not scored.feasible:
         return _no_target(scored)
+    ests = scored.est
     window = max(cfg.tie_window_sec, scored.best * cfg.tie_window_share)
     limit = scored.best + window
-    sticky = _affinity(req, candidates, scored, cfg)
+    sticky = _affinity(req, scored.candidates, scored, cfg)
     if sticky is not None:
         win, tie = sticky, None
     else:
         ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
-        win, tie = _break_tie(ties, candidates, scored.util, req.seed)
+        win, tie = _break_tie(ties, scored, req.seed)
+    scored.sticky, scored.tie, scored.window, scored.limit = sticky is not None, tie, window, limit
+    return _decide(scored, win, _explain_cost)
+
+
+def _explain_cost(scored: _Scored) -> Explanation:
+    """A cost decision's reason: the winner's state and cached tokens, its estimate against
+    the runner-up's (the feasible candidate with the next lowest estimate), what broke a tie;
+    and its §13 outcome."""
+    candidates, ests, win = scored.candidates, scored.est, scored.win
     c, win_est = candidates[win], ests[win]
     assert win_est is not None
-
+    ref, runner = _alternatives(scored)
     why: Why
-    if feasible == 1:
+    if len(scored.feasible) == 1:
         why = "only_choice"
-    elif sticky is not None and (ests[win] or 0.0) > limit:
+    elif scored.sticky and win_est > scored.limit:
         why = "affinity"
     else:
-        why = _why(scored, win)
+        why = _why(scored, ref)
     parts = ["only choice", _label(c)] if why == "only_choice" else [_label(c)]
-    if sticky is not None:
+    if scored.sticky:
         parts.insert(0, "session affinity")
-    matched = min(c.matched_tokens, req.prompt_tokens)
+    matched = min(c.matched_tokens, scored.fleet.prompt)
     if matched > 0:
         parts.append(f"{_tokens(matched)} cached tok")
-    runner, runner_est = -1, 0.0
-    for i in scored.feasible:
-        est = ests[i]
-        if i != win and est is not None and (runner < 0 or est < runner_est):
-            runner, runner_est = i, est
     if runner < 0:
         parts.append(f"est {_secs(win_est)}")
     else:
-        parts.append(f"est {_secs(win_est)} vs {_secs(runner_est)} "
+        parts.append(f"est {_secs(win_est)} vs {_secs(ests[runner] or 0.0)} "
                      f"({_label(candidates[runner])})")
-    if tie is not None:
-        parts.append(f"tie within {_secs(window)} broken by {tie}")
-    return _decide(scored, win, why, parts)
+    if scored.tie is not None:
+        parts.append(f"tie within {_secs(scored.window)} broken by {scored.tie}")
+    return _explained(scored, why, parts)
 
 
 def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
@@ -788,14 +890,20 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
     """The lowest utilization wins (ties to the request's seed), among feasible candidates
     only. Enqueue when the winner has no free slot."""
     scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
-    candidates = scored.candidates
     if not scored.feasible:
         return _no_target(scored)
-    win, tie = _break_tie(scored.feasible, candidates, scored.util, req.seed)
-    c, utils = candidates[win], scored.util
+    win, scored.tie = _break_tie(scored.feasible, scored, req.seed)
+    return _decide(scored, win, _explain_least_load)
+
+
+def _explain_least_load(scored: _Scored) -> Explanation:
+    """A least-load decision's reason: the winner's state and utilization against the
+    runner-up's (the next least utilized feasible candidate), and whether the seed broke a
+    tie."""
+    candidates, utils, win = scored.candidates, scored.util, scored.win
     only = len(scored.feasible) == 1
     why: Why = "only_choice" if only else "least_loaded"
-    parts = ["only choice" if only else "least loaded", _label(c)]
+    parts = ["only choice" if only else "least loaded", _label(candidates[win])]
     runner, runner_util = -1, 0.0
     for i in scored.feasible:
         if i != win and (runner < 0 or utils[i] < runner_util):
@@ -805,9 +913,9 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
     else:
         parts.append(f"util {utils[win]:.0%} vs {runner_util:.0%} "
                      f"({_label(candidates[runner])})")
-    if tie == "seed":
+    if scored.tie == "seed":
         parts.append("equal utilization broken by seed")
-    return _decide(scored, win, why, parts)
+    return _explained(scored, why, parts)
 
 
 #: Policy name (config ``policy:``) to its function. Adding a policy means adding one function.

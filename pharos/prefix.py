@@ -60,7 +60,7 @@ import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 Source: TypeAlias = Literal["local", "peer", "restored"]
 Outcome: TypeAlias = Literal[
@@ -102,9 +102,12 @@ class Chain:
 EMPTY: Final = Chain()
 
 
-@dataclass(frozen=True, slots=True)
-class Match:
-    """A target's longest live match: the matched byte length and where its slot came from."""
+class Match(NamedTuple):
+    """A target's longest live match: the matched byte length and where its slot came from.
+
+    A named tuple rather than a frozen dataclass: ``lookup`` builds one per matched target on
+    every decision, and a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` (16 matches took 4.3 µs against 1.9 µs, issue 10 item 6)."""
 
     matched_bytes: int
     source: Source

@@ -50,6 +50,10 @@ DEFAULT_CAPACITY = 2
 #: A Running count above this is not a capacity any engine has: the round's count is taken
 #: as unknown for learning (a broken or hostile metrics page).
 MAX_PLAUSIBLE_CAPACITY = 4096
+#: ``Candidate.warm`` by residency (unknown: None), built once: ``candidate`` runs for every
+#: target of every decision.
+_WARM: dict[Residency, bool] = {Residency.LOADED: True, Residency.LOADING: True,
+                                Residency.COLD: False}
 #: Consecutive rounds with an engine queue before its Running is taken as the capacity.
 QUEUE_ROUNDS = 2
 #: KV usage (the share of blocks running requests hold, as vLLM counts it) at or above which
@@ -657,8 +661,7 @@ class Scheduler:
             free = capacity - occupied
             if (engine_waiting or 0) > 0 and t.queue_rounds >= QUEUE_ROUNDS and engine_running:
                 capacity, free = min(capacity, engine_running), 0
-        warm = {Residency.LOADED: True, Residency.LOADING: True,
-                Residency.COLD: False}.get(v.residency)
+        warm = _WARM.get(v.residency)
         loading = v.residency is Residency.LOADING or (
             v.residency is Residency.COLD and t.inflight > 0)
         return Candidate(

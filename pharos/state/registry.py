@@ -132,6 +132,10 @@ def rename(snap: Snapshot, aliases: Mapping[str, str]) -> Snapshot:
     )
 
 
+#: A load with every signal unknown (a ``Load`` is immutable, so one serves every view).
+_NO_LOAD = Load()
+
+
 def view_of(
     target: Target,
     now: float,
@@ -156,7 +160,7 @@ def view_of(
     if target.loaded_reply_at is not None and (b.full_at is None or
                                                target.loaded_reply_at > b.full_at):
         residency = Residency.LOADED  # a reply proved it loaded; the next full round decides
-    load = Load()
+    load = _NO_LOAD
     fast_at = None
     if load_fresh and b.load is not None:
         load, fast_at = b.load.load_for(target.model), b.load_at

@@ -746,6 +746,21 @@ def test_target_terms_are_the_winners_terms(cfg: PolicyConfig) -> None:
     assert pick(REQ, [], cfg).target_terms is None
 
 
+@given(requests, every_field_fleets, guard_configs)
+def test_explanation_is_built_when_read(
+    req: RouteReq, cands: list[Candidate], cfg: PolicyConfig
+) -> None:
+    """A pick builds no reason, outcome or guards (what people read) until one is read, nor
+    does reading the winner's terms (what the scheduler reads); once built, it is the same
+    explanation a fresh pick gives, whichever is read first."""
+    d = pick(req, cands, cfg)
+    _ = d.target_terms  # what the scheduler reads
+    assert d._scored._explained is None
+    fresh = pick(req, cands, cfg)
+    assert (fresh.guards, fresh.why, fresh.reason) == (d.guards, d.why, d.reason)
+    assert d._scored._explained is not None
+
+
 def test_decisions_compare_by_their_terms() -> None:
     """Decisions stay plain values though their terms are built when read: equal decisions
     hash alike, and two that differ only in a set-aside candidate's load time (same target,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pharos.engine import library as lib
@@ -235,3 +237,20 @@ def test_average_folds_data_parallel_ratios_into_their_mean() -> None:
     assert snap.load_for("m").kv_usage == pytest.approx(0.7)
     nan = body.replace(b"} 0.5", b"} NaN")
     assert probe.parse(nan).load_for("m").kv_usage is None
+
+
+def test_load_for_merges_the_models_entry_over_the_whole_backends_per_signal() -> None:
+    """A model's load takes each signal from its own entry when known, else from the whole
+    backend's (vLLM: Running per model, the KV pool from cache_config_info); the answer is
+    kept, and a snapshot made from another by ``replace`` answers for itself."""
+    own = Load(running=3, kv_usage=0.5)
+    whole = Load(running=9, waiting=1, kv_pool_tokens=4096)
+    snap = Snapshot(load={"m": own, WHOLE_BACKEND: whole})
+    assert snap.load_for("m") == Load(running=3, waiting=1, kv_usage=0.5, kv_pool_tokens=4096)
+    assert snap.load_for("m") is snap.load_for("m")
+    assert snap.load_for("other") == whole
+    assert Snapshot(load={"m": own}).load_for("m") == own
+    assert Snapshot().load_for("m") == Load()
+    other = dataclasses.replace(snap, load={"m": Load(running=1)})
+    assert other.load_for("m") == Load(running=1)
+    assert snap.load_for("m").running == 3
