@@ -167,7 +167,8 @@ async def _until_routed_to(fleet: Any, failing: FailingVllm) -> list[tuple[int, 
 @pytest_twisted.ensureDeferred
 async def test_502_503_504_are_retried_elsewhere_but_not_ejected(status: int) -> None:
     """An engine that answers 502, 503 or 504 before any byte reached the client: the request
-    is retried on another target and succeeds; the engine is not ejected."""
+    is retried on another target and succeeds; the engine is not ejected; usage counts each
+    request once, with the tokens of the reply the client got."""
     vllm_idle = next(c for c in all_captures() if capture_id(c) == "vllm/0.32.0/idle")
     failing = FailingVllm(vllm_idle, reactor)
     failing.status = status
@@ -177,6 +178,12 @@ async def test_502_503_504_are_retried_elsewhere_but_not_ejected(status: int) ->
         seen = await _until_routed_to(fleet, failing)
         assert {code for code, _ in seen} == {200}
         assert not fleet.pharos.state.backends[url].ejected
+        ledger = fleet.pharos.ledger
+        (row,) = ledger.rows(ledger.today(), ledger.today())
+        tokens = [json.loads(body)["usage"] for _, body in seen]
+        assert row["requests"] == len(seen)
+        assert row["prompt_tokens"] == sum(u["prompt_tokens"] for u in tokens)
+        assert row["completion_tokens"] == sum(u["completion_tokens"] for u in tokens)
     finally:
         await fleet.stop()
         await close(port)
