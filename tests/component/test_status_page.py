@@ -1,0 +1,187 @@
+"""Layer 3: ``/status`` (issue 12 item 2) over loopback, served by the pages' own resource in
+front of the public app (independent of the final wiring): every backend with its plan, the
+targets' signals with unknown shown as unknown, the last requests and usage by key, the
+admin check, escaping of names clients choose, and no prompt text (item 8)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest_twisted
+import treq
+from twisted.internet.interfaces import IListeningPort
+from twisted.web.http_headers import Headers
+from twisted.web.server import Site
+
+from pharos.config import Key
+from pharos.obs.pages import Pages, mount, with_pages
+from pharos.proxy.auth import digest
+from pharos.proxy.channel import PathGuard
+from tests.component.capture_server import close, serve
+from tests.component.fleet import Fleet, start_fleet
+
+ADMIN, USER = "phk-admin", "phk-user"
+#: A key name and a model name an operator or a client could choose: markup, quotes, newline.
+EVIL = '<script>alert("x")</script>\'\n'
+KEYS = (Key(name="ops", sha256=digest(ADMIN), admin=True),
+        Key(name=EVIL, sha256=digest(USER)))
+#: Sent in every prompt; must appear on no page and in no event.
+MARKER = "PROMPT-MARKER-7f3a9c"
+
+
+@dataclass
+class PagesRig:
+    """A fleet, its pages mounted, and a site serving both (``url``)."""
+
+    fleet: Fleet
+    pages: Pages
+    url: str
+    port: IListeningPort
+
+    async def close(self) -> None:
+        await close(self.port)
+        await self.fleet.stop()
+
+    async def get(self, path: str, key: str | None = ADMIN) -> tuple[int, bytes, Headers]:
+        headers = Headers({b"authorization": [f"Bearer {key}".encode()]} if key else {})
+        r = await treq.get(self.url + path, headers=headers, pool=self.fleet.pool)
+        return r.code, await r.content(), r.headers
+
+    async def chat(self, model: str = "tiny", key: str = USER, text: str = MARKER,
+                   stream: bool = False) -> tuple[int, bytes]:
+        body = {"model": model, "max_tokens": 6, "stream": stream,
+                "messages": [{"role": "user", "content": f"{text} please"}]}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        r = await treq.post(self.url + "/v1/chat/completions", json.dumps(body).encode(),
+                            headers=Headers({b"content-type": [b"application/json"],
+                                             b"authorization": [f"Bearer {key}".encode()]}),
+                            pool=self.fleet.pool)
+        return r.code, await r.content()
+
+
+async def start_pages(keys: tuple[Key, ...] = KEYS, **config: Any) -> PagesRig:
+    """Two vLLM doubles and an Ollama double behind Pharos, with the pages mounted."""
+    fleet = await start_fleet([("vllm", {}, {"kind": "vllm"}),
+                               ("vllm", {"seed": 1}, {"kind": "vllm"}),
+                               ("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
+                              keys=keys, **config)
+    pages = mount(fleet.pharos.public, fleet.pharos)
+    port, url = serve(Site(PathGuard(with_pages(fleet.pharos.public.app.resource(), pages))))
+    return PagesRig(fleet, pages, url, port)
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_shows_backends_plans_targets_requests_and_usage() -> None:
+    """After traffic, /status (admin) is one HTML page refreshing every 10 s with each
+    backend's kind, active probes with signal and source, the round ages, each target's row
+    (unknown signals say "unknown"), capacity with its source, the requests with key, status,
+    target, reason and tokens, and usage by key today and over 30 days."""
+    rig = await start_pages()
+    try:
+        for _ in range(3):
+            code, _ = await rig.chat()
+            assert code == 200
+        code, _ = await rig.chat(stream=True)
+        assert code == 200
+        code, body, headers = await rig.get("/status")
+        assert code == 200, body
+        assert headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+        page = body.decode()
+        assert page.startswith("<!DOCTYPE html>")
+        assert '<meta http-equiv="refresh" content="10"' in page
+        for b in rig.fleet.pharos.state.backends.values():
+            assert f'data-backend="{b.url}"' in page
+            assert b.plan is not None
+            for p in b.plan.active:
+                assert p.name in page
+        assert "vllm" in page and "ollama" in page
+        assert "last full round" in page and " s ago" in page
+        assert "unknown" in page  # e.g. the Ollama double reports no waiting count
+        assert re.search(r"\((engine|config|learned|default)\)", page)
+        recent = page.split("Last 50 requests")[1].split("Usage by key")[0]
+        assert recent.count("<tr>") == 1 + 4  # header + the four requests
+        assert "200" in recent and "in (" in recent and " out" in recent
+        usage = page.split("Usage by key")[1]
+        assert "today" in usage and "last 30 days" in usage
+        assert "&lt;script&gt;" in usage  # the key's (escaped) name has usage
+        assert "no usage" not in usage
+    finally:
+        await rig.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_needs_an_admin_key_and_is_open_without_keys() -> None:
+    """No key: 401; a non-admin key: 403 (both in JSON); with no keys configured, open."""
+    rig = await start_pages()
+    try:
+        code, body, _ = await rig.get("/status", key=None)
+        assert code == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+        code, body, _ = await rig.get("/status", key=USER)
+        assert code == 403 and "error" in json.loads(body)
+        for path in ("/live", "/live/events", "/live/map.js"):
+            code, _, _ = await rig.get(path, key=USER)
+            assert code == 403, path
+        code, _, _ = await rig.get("/v1/models", key=USER)
+        assert code == 200  # the public routes still answer behind the pages
+    finally:
+        await rig.close()
+    rig = await start_pages(keys=())
+    try:
+        code, body, _ = await rig.get("/status", key=None)
+        assert code == 200 and b"Pharos status" in body
+    finally:
+        await rig.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_status_escapes_names_and_carries_no_prompt() -> None:
+    """A key name and a requested model name holding <script>, quotes and a newline appear
+    only escaped (the page holds no script element at all), and the marker sent in every
+    prompt appears nowhere on the page (item 8)."""
+    rig = await start_pages()
+    try:
+        assert (await rig.chat())[0] == 200
+        code, _ = await rig.chat(model=EVIL)
+        assert code == 404
+        code, body, _ = await rig.get("/status")
+        assert code == 200
+        page = body.decode()
+        assert MARKER not in page
+        assert "<script" not in page.lower()
+        assert page.count("&lt;script&gt;alert(") >= 2  # the key and the model name
+        recent = page.split("Last 50 requests")[1].split("Usage by key")[0]
+        assert "404" in recent
+    finally:
+        await rig.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_recent_requests_keep_the_last_fifty() -> None:
+    """The ring buffer holds 50 requests, newest first on the page; a record given as an
+    object (the coming ``Done``) reads like a dict."""
+    rig = await start_pages(keys=())
+    try:
+        recent = next(s for s in rig.fleet.pharos.public.on_done
+                      if type(s).__name__ == "RecentRequests")
+
+        @dataclass
+        class Done:
+            key: str
+            status: int
+            target: str
+            reason: str
+
+        for i in range(60):
+            recent(Done(key=f"k{i}", status=200, target="http://x", reason="cost"))
+        recent(object())  # nothing it knows: kept with unknown fields, never raises
+        assert len(recent.items) == 50
+        _, body, _ = await rig.get("/status", key=None)
+        page = body.decode()
+        assert "k59" in page and "k11" in page and "k10<" not in page
+        assert page.index("k59") < page.index("k58")
+    finally:
+        await rig.close()
