@@ -169,7 +169,8 @@ class LiveMap(Service):
         try:
             r = done_fields(record)
             self.emit({"type": DONE, "key": _text(r["key"]), "model": _text(r["model"]),
-                       "target": _text(r["target"]), "status": _int(r["status"]),
+                       "target": _text(r["target"]),
+                       "target_model": _text(r["target_model"]), "status": _int(r["status"]),
                        "outcome": _text(r["outcome"]), "reason": _text(r["reason"]),
                        "prompt_tokens": _int(r["prompt_tokens"]),
                        "cached_tokens": _int(r["cached_tokens"]),
@@ -370,7 +371,7 @@ es.onerror=function(){document.getElementById('stream').textContent='reconnectin
 es.onmessage=function(m){var e;try{e=JSON.parse(m.data);}catch(x){return;}
  if(e.type==='fleet'){fleet=e;layout();legend();return;}
  n++;document.getElementById('events').textContent=n;logline(e);
- var k='m:'+e.target+'#'+e.model;
+ var k='m:'+e.target+'#'+(e.target_model||e.model);
  if(e.type==='routed'){pulses.push({t0:performance.now(),b:e.target,k:k,c:'#ffd86b'});}
  if(e.type==='done'){reqs++;document.getElementById('requests').textContent=reqs;
   var bad=e.status==null||e.status>=400;if(bad){errs++;

@@ -32,9 +32,9 @@ USAGE_DAYS = 30
 #: Seconds between the page's reloads.
 REFRESH_SECONDS = 10
 #: Fields of a finished request the page and the live map read (never prompt text).
-DONE_FIELDS = ("time", "key", "tenant", "model", "route", "target", "status", "outcome",
-               "reason", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms",
-               "duration_ms")
+DONE_FIELDS = ("time", "key", "tenant", "model", "route", "target", "target_model", "status",
+               "outcome", "reason", "prompt_tokens", "cached_tokens", "completion_tokens",
+               "ttft_ms", "duration_ms")
 UNKNOWN = "unknown"
 
 _CSS = """
@@ -50,16 +50,19 @@ margin:.6em 0}.unknown{color:#999;font-style:italic}.own{color:#a50}.down{color:
 
 def done_fields(record: Any) -> dict[str, Any]:
     """The fields of ``DONE_FIELDS`` from a finished request's record, a dict or an object
-    with those attribute names (the ``Done`` record); missing ones are None. A ``reason``
-    absent from the record is read from ``decision.reason`` when there is one."""
-    if isinstance(record, Mapping):
-        out = {k: record.get(k) for k in DONE_FIELDS}
-        decision = record.get("decision")
-    else:
-        out = {k: getattr(record, k, None) for k in DONE_FIELDS}
-        decision = getattr(record, "decision", None)
-    if out["reason"] is None and decision is not None:
-        out["reason"] = getattr(decision, "reason", None)
+    with those attribute names (``pharos.proxy.done.Done``); missing ones are None. Times in
+    seconds (``Done.ttft``, ``Done.duration``) stand in for missing ``ttft_ms`` and
+    ``duration_ms``."""
+    def get(name: str) -> Any:
+        if isinstance(record, Mapping):
+            return record.get(name)
+        return getattr(record, name, None)
+
+    out = {k: get(k) for k in DONE_FIELDS}
+    for ms, sec in (("ttft_ms", "ttft"), ("duration_ms", "duration")):
+        seconds = get(sec)
+        if out[ms] is None and isinstance(seconds, int | float):
+            out[ms] = round(seconds * 1000, 1)
     return out
 
 

@@ -18,6 +18,7 @@ from twisted.web.server import Site
 
 from pharos.config import Key
 from pharos.obs.pages import Pages, mount, with_pages
+from pharos.obs.status import RecentRequests
 from pharos.proxy.auth import digest
 from pharos.proxy.channel import PathGuard
 from tests.component.capture_server import close, serve
@@ -166,7 +167,7 @@ async def test_recent_requests_keep_the_last_fifty() -> None:
     rig = await start_pages(keys=())
     try:
         recent = next(s for s in rig.fleet.pharos.public.on_done
-                      if type(s).__name__ == "RecentRequests")
+                      if isinstance(s, RecentRequests))
 
         @dataclass
         class Done:
