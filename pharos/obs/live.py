@@ -58,9 +58,11 @@ def _int(v: object) -> int | float | None:
 
 
 def encode(event: dict[str, Any]) -> bytes:
-    """One SSE message: a single ``data:`` line of ASCII JSON (no raw newline can occur)."""
-    return b"data: " + json.dumps(event, ensure_ascii=True, separators=(",", ":")).encode(
-        "ascii") + b"\n\n"
+    """One SSE message: a single ``data:`` line of ASCII JSON (no raw newline can occur;
+    ``<``, ``>`` and ``&`` escaped too, so the stream holds no markup even if mis-rendered)."""
+    text = json.dumps(event, ensure_ascii=True, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return b"data: " + text.encode("ascii") + b"\n\n"
 
 
 @implementer(IPushProducer)
