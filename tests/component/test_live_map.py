@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
 from tests.component.fleet import eventually, sleep
@@ -33,7 +33,7 @@ class RawReader(Protocol):
     def dataReceived(self, data: bytes) -> None:
         self.data += data
 
-    def connectionLost(self, reason: Failure = Failure(Exception("closed"))) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.closed = True
 
     def events(self) -> list[dict[str, Any]]:
