@@ -70,7 +70,8 @@ async def start_pages(keys: tuple[Key, ...] = KEYS, **config: Any) -> PagesRig:
                                ("vllm", {"seed": 1}, {"kind": "vllm"}),
                                ("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
                               keys=keys, **config)
-    pages = mount(fleet.pharos.public, fleet.pharos)
+    # The pages the service mounted itself once wired in tap.py, else mounted here.
+    pages = getattr(fleet.pharos, "pages", None) or mount(fleet.pharos.public, fleet.pharos)
     port, url = serve(Site(PathGuard(with_pages(fleet.pharos.public.app.resource(), pages))))
     return PagesRig(fleet, pages, url, port)
 
@@ -166,8 +167,8 @@ async def test_recent_requests_keep_the_last_fifty() -> None:
     object (the coming ``Done``) reads like a dict."""
     rig = await start_pages(keys=())
     try:
-        recent = next(s for s in rig.fleet.pharos.public.on_done
-                      if isinstance(s, RecentRequests))
+        recent = rig.pages.status_page.recent
+        assert isinstance(recent, RecentRequests) and recent in rig.fleet.pharos.public.on_done
 
         @dataclass
         class Done:
