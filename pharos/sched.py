@@ -165,6 +165,8 @@ class Lease:
     #: Root tokens of the other roots sent to the target since this root was last used there
     #: (None: it was not held there): what the reply's cached tokens teach retention.
     root_ahead: int | None = None
+    #: Its reply's prefix outcome (spec §13 ``prefix``), once released with a sample.
+    prefix: str | None = None
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
@@ -450,6 +452,7 @@ class Scheduler:
                          sample.cached_tokens)
         predicted = lease.predicted_tokens or None
         outcome = classify(predicted, sample.cached_tokens)
+        lease.prefix = outcome
         self.outcomes[outcome] += 1
         if predicted is not None and lease.source is not None:
             self.predictions[(lease.source, outcome)] += 1

@@ -11,11 +11,15 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
 from twisted.python import usage
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
-from twisted.web.server import Site
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request, Site
 
 from pharos.config import Config, ConfigError, load_config
 from pharos.engine.fetch import make_client
 from pharos.journal import Journal
+from pharos.obs.metrics import Metrics, MetricsPage
+from pharos.obs.pages import Pages, mount, with_pages
+from pharos.obs.reqlog import RequestLog
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.auth import Keyring
@@ -39,15 +43,24 @@ POOL_PER_HOST = 32
 POOL_IDLE_SEC = 4
 
 
+#: ``--log-level`` values; ``debug`` adds the request line.
+LOG_LEVELS = ("info", "debug")
+
+
 class Options(usage.Options):
     """``twistd pharos -c FILE`` (or ``--demo``): a config that does not parse never starts
     the service."""
 
-    optParameters = [["config", "c", None, "the Pharos config file (YAML)"]]
+    optParameters = [["config", "c", None, "the Pharos config file (YAML)"],
+                     ["log-level", None, "info",
+                      "info, or debug: also one line per request (spec section 13)"]]
     optFlags = [["demo", None, "serve in front of three simulated engines on loopback"]]
 
     def postOptions(self) -> None:
         """Load and validate the config now, so twistd refuses to start on a bad file."""
+        if self["log-level"] not in LOG_LEVELS:
+            raise usage.UsageError(f"--log-level is one of {', '.join(LOG_LEVELS)}, not "
+                                   f"{self['log-level']!r}")
         path = self["config"]
         if self["demo"]:
             try:
@@ -73,7 +86,7 @@ class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
     def __init__(self, config: Config, reactor: Any, load_interval: float = LOAD_INTERVAL,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, request_log: bool = False) -> None:
         super().__init__()
         self.config = config
         self.pool = HTTPConnectionPool(reactor, persistent=True)
@@ -96,9 +109,18 @@ class PharosService(MultiService):
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
                                 timeouts=config.timeouts,
                                 keyring=Keyring(config.keys, config.tenants), ledger=self.ledger)
+        # on_done subscribers, each a surface of its own (DESIGN §4): the proxy imports none.
+        self.metrics = Metrics(self.state, self.sched)
+        self.public.on_done.append(self.metrics.done)
+        self.state.on_decision = self.metrics.decision
         self.journal = Journal(u.journal, reactor) if u.journal else None
         if self.journal is not None:
-            self.public.on_done.append(self.journal.write)
+            journal = self.journal
+            self.public.on_done.append(lambda done: journal.write(done.journal()))
+        self.request_log = RequestLog() if request_log else None
+        if self.request_log is not None:
+            self.public.on_done.append(self.request_log)
+        self.pages: Pages = mount(self.public, self)
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
@@ -146,19 +168,37 @@ class PharosService(MultiService):
             await self.journal.close()
 
 
+class WithMetrics(Resource):
+    """``/metrics`` (no key, spec §13) in front of the rest of the public site."""
+
+    isLeaf = True
+
+    def __init__(self, inner: IResource, metrics: IResource) -> None:
+        super().__init__()
+        self.inner = inner
+        self.metrics = metrics
+
+    def render(self, request: Request) -> Any:
+        inner = self.metrics if request.path == b"/metrics" else self.inner
+        return inner.render(request)
+
+
 def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
     """The public site: the Klein app behind the path guard, bodies bounded while they
     arrive, request heads bounded in time."""
-    site = PublicSite(PathGuard(top.public.app.resource()),
-                      requestFactory=bounded_request_factory(max_body))
+    root = with_pages(PathGuard(top.public.app.resource()), top.pages)
+    root = WithMetrics(root, MetricsPage(top.metrics))
+    site = PublicSite(root, requestFactory=bounded_request_factory(
+        max_body, on_too_large=top.public.too_large))
     site.head_deadline = top.config.timeouts.request_headers
     return site
 
 
-def build(config: Config, reactor: Any, config_path: str | None = None) -> PharosService:
+def build(config: Config, reactor: Any, config_path: str | None = None,
+          request_log: bool = False) -> PharosService:
     """The service tree for ``config`` on ``reactor``; ``config_path`` is watched for
-    changes (hot reload)."""
-    top = PharosService(config, reactor, config_path=config_path)
+    changes (hot reload); ``request_log``: one debug line per request."""
+    top = PharosService(config, reactor, config_path=config_path, request_log=request_log)
     site = public_site(top)
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.
     strports.service(config.listen.strports(), site).setServiceParent(top)
@@ -174,4 +214,5 @@ def makeService(options: Any) -> IService:
 
         return demo_service(reactor, options["parsed"])
     config: Config = options["parsed"]
-    return build(config, reactor, config_path=options["config"])
+    return build(config, reactor, config_path=options["config"],
+                 request_log=options["log-level"] == "debug")

@@ -7,8 +7,9 @@ limit: the client gets 413 in its API's error shape and the connection is closed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from io import BytesIO
-from typing import Any
+from typing import Any, ClassVar
 
 from twisted.web.server import Request
 
@@ -22,6 +23,8 @@ class BoundedRequest(Request):
     """A request whose body may not pass ``max_body`` bytes."""
 
     max_body = MAX_BODY_BYTES
+    #: Told of each 413 (the request and its path), so a refused body still makes a ``Done``.
+    on_too_large: ClassVar[Callable[[Request, bytes], None] | None] = None
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -61,8 +64,15 @@ class BoundedRequest(Request):
         assert transport is not None
         transport.write(head + body)
         transport.loseConnection()
+        hook = type(self).on_too_large
+        if hook is not None:
+            hook(self, path)
 
 
-def bounded_request_factory(limit: int) -> type[BoundedRequest]:
-    """A request class with its own limit (the site's requestFactory)."""
-    return type("BoundedRequest", (BoundedRequest,), {"max_body": limit})
+def bounded_request_factory(limit: int, on_too_large: Callable[[Request, bytes], None] | None
+                            = None) -> type[BoundedRequest]:
+    """A request class with its own limit (the site's requestFactory), telling
+    ``on_too_large`` of each 413."""
+    return type("BoundedRequest", (BoundedRequest,),
+                {"max_body": limit, "on_too_large": staticmethod(on_too_large)
+                 if on_too_large is not None else None})

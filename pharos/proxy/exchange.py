@@ -39,7 +39,7 @@ from pharos.proxy.tap import StreamTap
 from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
-from pharos.state.stats import Sample
+from pharos.state.stats import MIN_REAL_LOAD_SEC, Sample
 
 log = Logger()
 
@@ -58,6 +58,10 @@ DIED_MID_REPLY = "died_mid_reply"
 CLIENT_LEFT = "client_left"
 TIMED_OUT = "timed_out"
 PHAROS_ERROR = "pharos_error"
+#: An attempt given up for a retry elsewhere (spec §13 ``upstream``): the engine answered 503,
+#: or another 5xx (or 404 on a coding-agent route).
+BUSY_RETRIED = "busy_retried"
+ERROR_RETRIED = "error_retried"
 
 Send = Callable[[Target, str, bytes], "Deferred[IResponse]"]
 
@@ -142,6 +146,24 @@ class Exchange:
         #: usage as the tap read it (None: unknown): what admission settles and Done records.
         self.replied: Target | None = None
         self.usage: Usage | None = None
+        #: What ``Done`` records: the ``(stage, outcome)`` pairs of each attempt (route, queue,
+        #: load, upstream) and the prefix outcome; the lease whose reply went to the client and
+        #: its reason; leases taken; seconds in the fair queue (all attempts, and those before
+        #: the first send); when the first attempt was sent.
+        self.decisions: list[tuple[str, str]] = []
+        self.answered: Lease | None = None
+        self.reason: str | None = None
+        self.attempts = 0
+        self.queue_wait = 0.0
+        self.queue_wait_before_send = 0.0
+        self.first_sent: float | None = None
+        self._sent = False  # an attempt was sent and has no upstream outcome yet
+
+    def _upstream(self, outcome: str) -> None:
+        """The sent attempt's ``upstream`` decision (once per attempt sent)."""
+        if self._sent:
+            self._sent = False
+            self.decisions.append(("upstream", outcome))
 
     # --- the one owner of the lease --------------------------------------------------------
 
@@ -173,16 +195,22 @@ class Exchange:
             await self._attempts()
         except CancelledError:
             self.outcome = CLIENT_LEFT
+            self._upstream(CLIENT_LEFT)
             raise
         except ApiError:
             self.outcome = self.outcome or ERROR_STATUS
+            self._upstream(ERROR_STATUS)
             raise
         except Exception:
             self.outcome = PHAROS_ERROR
+            self._upstream(PHAROS_ERROR)
             raise
         finally:
             self.inflight.count -= 1
             self._drop(self.sample)
+            lease = self.answered
+            if lease is not None and lease.prefix is not None:
+                self.decisions.append(("prefix", lease.prefix))
 
     # --- events from outside ---------------------------------------------------------------
 
@@ -251,24 +279,41 @@ class Exchange:
         while True:
             self._check()
             retrying = elsewhere > 0 or not stale_retry
+            decisions = self.decisions
+            asked_at = self.clock.seconds()
             try:
                 lease = await self._wait(self.sched.acquire(
                     who.name, who.weight, replace(req, exclude=frozenset(tried)),
                     front=retrying, tenant=who.tenant, tenant_weight=who.tenant_weight))
             except UnknownModel:
+                decisions.append(("route", "unknown_model"))
                 if retrying:
                     break
                 raise errors.unknown_model(parsed.model) from None
             except Unavailable:
+                decisions.append(("route", "unavailable"))
                 if retrying:
                     break
                 raise errors.unavailable(parsed.model) from None
             except QueueFull:
+                decisions.append(("route", "queue_full"))
                 raise errors.queue_full() from None
+            except CancelledError:
+                decisions.append(("route", "client_left"))
+                raise
             self._take(lease)
+            sent_at = self.clock.seconds()
+            self.attempts += 1
+            if lease.waited:  # granted at once: the pick's time is Pharos's own (overhead)
+                self.queue_wait += sent_at - asked_at
+            decisions.append(("route", lease.decision.why or "only_choice"))
+            decisions.append(("queue", "waited" if lease.waited else "immediate"))
             self._check()
             target = lease.target
-            sent_at = self.clock.seconds()
+            if self.first_sent is None:
+                self.first_sent = sent_at
+                self.queue_wait_before_send = self.queue_wait
+            self._sent = True
             self._arm()
             try:
                 response = await self._wait(
@@ -280,16 +325,19 @@ class Exchange:
                     raise CancelledError() from None
                 if abandoned is not None:
                     failure, timed_out = str(abandoned), abandoned.timed_out
+                    self._upstream(TIMED_OUT if timed_out else CONNECT_FAILED)
                     log.warn("{why}; retrying elsewhere", why=failure)
                 elif isinstance(e, CancelledError):
                     raise
                 elif _stale(e) and stale_retry:
                     # The engine had closed the pooled connection: nothing was answered, and
                     # Twisted retries only idempotent requests (twisted#7843). Once more, on a
-                    # fresh connection to the same target.
+                    # fresh connection to the same target (not an upstream outcome of its own).
+                    self._sent = False
                     stale_retry = False
                     continue
                 else:
+                    self._upstream(CONNECT_FAILED)
                     if _refused(e):
                         self.state.eject(target.backend)
                         self.inflight.backend_down(target.backend, "connection refused")
@@ -317,6 +365,7 @@ class Exchange:
                                   duration_sec=None))
                 self._check()
                 refused = (response.code, response_headers(response), body, target)
+                self._upstream(BUSY_RETRIED if response.code == 503 else ERROR_RETRIED)
                 if response.code != 503:
                     log.warn("{url} answered {code}, retrying elsewhere: {msg}",
                              url=target.backend.url, code=response.code, msg=_message(body))
@@ -331,6 +380,7 @@ class Exchange:
             except _Abandoned as a:
                 self._drop()
                 failure, timed_out = str(a), a.timed_out
+                self._upstream(TIMED_OUT if timed_out else CONNECT_FAILED)
                 log.warn("{why}; retrying elsewhere", why=failure)
                 if elsewhere:
                     break
@@ -344,8 +394,11 @@ class Exchange:
             self.outcome = ERROR_STATUS
             request = self.request
             request.setResponseCode(code)
+            ours = request.responseHeaders.getRawHeaders(b"x-request-id")
             for k, vs in headers:
                 request.responseHeaders.setRawHeaders(k, vs)
+            if ours:  # the request's id, not the engine's
+                request.responseHeaders.setRawHeaders(b"x-request-id", ours)
             request.setHeader(b"x-pharos-backend", target.backend.url.encode())
             request.write(body)
             return
@@ -354,6 +407,11 @@ class Exchange:
             raise errors.upstream(f"no first byte from any backend: {failure}", status=504)
         self.outcome = self.outcome or CONNECT_FAILED
         raise errors.upstream(f"no backend answered: {failure}")
+
+    def _replied(self, lease: Lease) -> None:
+        """The lease whose reply goes to the client (its reason and estimate are Done's)."""
+        self.answered = lease
+        self.reason = lease.decision.reason
 
     async def _anthropic_error(self, response: IResponse, lease: Lease) -> None:
         """An engine's error on /v1/messages, in Anthropic's shape whatever the engine's (an
@@ -365,6 +423,8 @@ class Exchange:
         self.sample = Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
                              duration_sec=None)
         self.outcome = ERROR_STATUS
+        self._upstream(ERROR_STATUS)
+        self._replied(lease)
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):
@@ -391,6 +451,7 @@ class Exchange:
             # The engine answered: no retry from here, so the client gets the headers.
             self._answered = True
             self.replied = target
+            self._replied(lease)
             self._cancel_timer()
             first.append(self.clock.seconds())
             self.start_reply(request, response, target, lease.decision.reason, lease)
@@ -409,6 +470,7 @@ class Exchange:
             if relay.abandoned and not self._answered and self._abandoned is not None:
                 raise self._abandoned from None
             self.outcome = DIED_MID_REPLY
+            self._upstream(DIED_MID_REPLY)
             if isinstance(e, Stalled):
                 log.warn("{url} stalled mid-reply: {why}", url=target.backend.url, why=str(e))
             else:
@@ -426,6 +488,14 @@ class Exchange:
         end = self.clock.seconds()
         usage = self.usage = tap.usage
         self.outcome = OK if response.code < 400 else ERROR_STATUS
+        self._upstream(self.outcome)
+        load_sec = usage.load_sec if usage else None
+        if self.parsed.control:
+            self.decisions.append(("load", "control"))
+        elif lease.cold and (load_sec is None or load_sec >= MIN_REAL_LOAD_SEC):
+            self.decisions.append(("load", "cold_start"))
+        elif not lease.cold and load_sec is not None and load_sec >= MIN_REAL_LOAD_SEC:
+            self.decisions.append(("load", "unexpected_load"))
         self.sample = Sample(
             ok=response.code < 400,
             dispatched_cold=lease.cold,

@@ -18,7 +18,7 @@ from typing import Any
 
 from klein import Klein
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -31,6 +31,7 @@ from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
 from pharos.proxy.admission import Admission
 from pharos.proxy.auth import Identity, Keyring
+from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
 from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
@@ -92,9 +93,9 @@ class PublicAPI:
         self.clock = clock
         self.seed = seed or sched.seed
         self.started = int(time.time())
-        #: Subscribers to every finished request's record (``done_record``): the journal,
-        #: and metrics and peers as they come.
-        self.on_done: list[Callable[[dict[str, Any]], object]] = []
+        #: Subscribers to every finished data-plane request's ``Done`` (refusals included):
+        #: metrics, the journal, the request log line, the status page and the live map.
+        self.on_done: list[Callable[[Done], object]] = []
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -366,23 +367,54 @@ class PublicAPI:
         return parse(request.content.read(), path)
 
     async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
-        who = self._who(request)
-        parsed = self._parse(request, path)
-        if not who.may_use(parsed.model):
-            raise errors.model_not_allowed(who.name, parsed.model)
-        held = self.admission.admit(who, parsed, path)
-        started = self.clock.seconds()
+        """Auth, parse, allow-list, admission, then the exchange; every ending becomes one
+        ``Done`` for the subscribers (the stages in order: DESIGN §4)."""
+        trace = Trace(self.clock.seconds(), request_id(request), path)
+        request.setHeader(b"x-request-id", trace.request_id.encode())
         ex: Exchange | None = None
+        status: int | None = None
         try:
-            ex = self._exchange(request, parsed, path, kind, who)
-            await ex.run()
+            who = trace.who = self._who(request)
+            parsed = self._parse(request, path)
+            trace.parsed(parsed)
+            if not who.may_use(parsed.model):
+                raise errors.model_not_allowed(who.name, parsed.model)
+            held = self.admission.admit(who, parsed, path)
+            trace.admit(parsed)
+            try:
+                ex = self._exchange(request, parsed, path, kind, who)
+                await ex.run()
+            finally:
+                self.admission.finish(held, parsed.model, ex)
+        except ApiError as e:
+            status = e.status
+            trace.refused(e)
+            raise
+        except CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        except Exception:
+            status = 500
+            raise
         finally:
-            self.admission.finish(held, parsed.model, ex)
             if self.on_done:
-                doc = done_record(who, parsed.model, path, request, ex, started,
-                                  self.clock.seconds())
-                for subscriber in self.on_done:
-                    subscriber(doc)
+                self._done(trace.finish(self.clock.seconds(), status or request.code, ex))
+
+    def _done(self, done: Done) -> None:
+        for subscriber in self.on_done:
+            try:
+                subscriber(done)
+            except Exception:
+                log.failure("an on_done subscriber failed")
+
+    def too_large(self, request: Request, path: bytes) -> None:
+        """A body over the limit was refused with 413 before any route ran (``body.py``)."""
+        if not self.on_done:
+            return
+        trace = Trace(self.clock.seconds(), request_id(request),
+                      path.decode("latin-1")[:200])
+        trace.decisions.append(("admission", "too_large"))
+        self._done(trace.finish(self.clock.seconds(), 413))
 
     def _exchange(self, request: Request, parsed: Parsed, path: str, kind: str | None,
                   who: Identity) -> Exchange:
@@ -408,8 +440,11 @@ class PublicAPI:
     def _start_reply(self, request: Request, response: IResponse, target: Target,
                      reason: str, lease: Lease | None = None) -> None:
         request.setResponseCode(response.code)
+        ours = request.responseHeaders.getRawHeaders(b"x-request-id")
         for k, vs in response_headers(response):
             request.responseHeaders.setRawHeaders(k, vs)
+        if ours:  # the request's id, not the engine's
+            request.responseHeaders.setRawHeaders(b"x-request-id", ours)
         request.setHeader(b"x-pharos-backend", target.backend.url.encode())
         request.setHeader(b"x-pharos-reason", _ascii(reason))
         if lease is not None:
@@ -419,31 +454,6 @@ class PublicAPI:
             if lease.est_ttft is not None:
                 request.setHeader(b"x-pharos-estimated-ttft-ms",
                                   f"{lease.est_ttft * 1000:.1f}".encode())
-
-
-def done_record(who: Identity, model: str, path: str, request: Request, ex: Exchange | None,
-                started: float, ended: float) -> dict[str, Any]:
-    """One finished request as subscribers see it (the journal writes it as a line): who,
-    what, where, how it ended, its usage and timings; never prompt text."""
-    usage = ex.usage if ex is not None else None
-    sample = ex.sample if ex is not None else None
-    target = ex.replied if ex is not None else None
-    return {
-        "time": round(ended, 3),
-        "key": who.name,
-        "tenant": who.tenant,
-        "model": model,
-        "route": path,
-        "target": target.backend.url if target is not None else None,
-        "status": request.code,
-        "outcome": ex.outcome if ex is not None else None,
-        "prompt_tokens": usage.prompt_tokens if usage else None,
-        "cached_tokens": usage.cached_tokens if usage else None,
-        "completion_tokens": usage.completion_tokens if usage else None,
-        "ttft_ms": (round(sample.ttft_sec * 1000, 1)
-                    if sample is not None and sample.ttft_sec is not None else None),
-        "duration_ms": round((ended - started) * 1000, 1),
-    }
 
 
 def _session(request: Request, parsed: Parsed) -> int | None:

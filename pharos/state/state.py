@@ -77,6 +77,9 @@ class State:
         #: Told when a backend stops answering (a failed round, a refused connection), so
         #: requests waiting on it go elsewhere.
         self.on_down = on_down
+        #: Told of each background decision (spec §13 ``resolve``, ``scrape``,
+        #: ``generation``) as (backend, stage, outcome): metrics count them.
+        self.on_decision: Callable[[BackendState, str, str], None] | None = None
         if fetcher_for is None:
             assert client is not None, "a client or a fetcher factory"
             http = client
@@ -249,6 +252,11 @@ class State:
                 self.target(b, m, aliases_back.get(m, m))
         b.load, b.load_at = snap, now
 
+    def decided(self, b: BackendState, stage: str, outcome: str) -> None:
+        """A background round's decision, for ``on_decision``."""
+        if self.on_decision is not None:
+            self.on_decision(b, stage, outcome)
+
     def _bump_generations(self, b: BackendState, old: Snapshot | None, new: Snapshot) -> None:
         if old is None:
             return
@@ -263,6 +271,8 @@ class State:
                         and new.models is not None and t.model not in new.models)
             if new_version or went_cold or unlisted:
                 t.gen += 1
+                self.decided(b, "generation", "new_version" if new_version
+                             else "unlisted" if unlisted else "unloaded")
 
 
 class Scraper(Service):
@@ -321,11 +331,17 @@ class Scraper(Service):
         now = state.clock.seconds()
         try:
             if b.plan is None or self._resolve_due or now - self._resolved_at > RESOLVE_EVERY:
-                plan, snap = await resolve(self.fetcher, b.spec.kind, self.own)
+                try:
+                    plan, snap = await resolve(self.fetcher, b.spec.kind, self.own)
+                except (BackendUnreachable, DetectionFailed):
+                    state.decided(b, "resolve", "failed")
+                    raise
                 self._resolve_due = False
                 self._resolved_at = now
-                if b.plan is None or [p.name for p in b.plan.active] != [
-                        p.name for p in plan.active]:
+                new_plan = b.plan is None or [p.name for p in b.plan.active] != [
+                    p.name for p in plan.active]
+                state.decided(b, "resolve", "new_plan" if new_plan else "same_plan")
+                if new_plan:
                     log.info("backend {url}: {kind} {version}, probes {active}", url=b.url,
                              kind=plan.kind, version=plan.version or "unknown",
                              active=[p.name for p in plan.active])
@@ -339,9 +355,13 @@ class Scraper(Service):
                 asked = [p for p in b.plan.http_probes if full or p.signal in FAST_SIGNALS]
                 if asked and len(failures) == len(asked) and all(
                         f.reason.startswith(FETCH_ERROR) for f in failures):
+                    state.decided(b, "scrape", "unreachable")
                     raise BackendUnreachable(failures[0].reason)
-                if full and b.full is not None and snap.version != b.full.version:
+                new_version = full and b.full is not None and snap.version != b.full.version
+                if new_version:
                     self._resolve_due = True
+                state.decided(b, "scrape", "new_version" if new_version
+                              else "probe_failed" if failures else "ok")
                 state.publish(b, snap, full=full)
             if b.failing is not None:
                 log.info("backend {url} answers again", url=b.url)

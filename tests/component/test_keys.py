@@ -172,7 +172,8 @@ async def test_daily_tokens_never_overspent_under_a_concurrent_burst() -> None:
 async def test_usage_equals_what_the_engines_reported(tmp_path: Path) -> None:
     """Requests of three keys on two models, streamed and not: /usage by key, model and
     tenant sums exactly the usage the replies carried, CSV has the same rows, and the
-    journal has one line per request, without prompt text."""
+    journal has one line per request (the Done record: request id, decisions, target, TTFT),
+    without prompt text."""
     journal = tmp_path / "usage.jsonl"
     f = await fleet(usage=Usage(journal=str(journal), timezone="Asia/Bangkok"))
     expected: dict[str, dict[str, int]] = {}
@@ -215,6 +216,9 @@ async def test_usage_equals_what_the_engines_reported(tmp_path: Path) -> None:
     assert [(x["key"], x["model"], x["status"]) for x in lines] == [
         ("alice", "tiny", 200), ("bob", "other", 200), ("ops", "other", 200),
         ("ops", "tiny", 200)]
+    assert all(len(x["request_id"]) == 32 and x["decisions"][0] == "admission=ok"
+               and "upstream=ok" in x["decisions"] and x["target"] and x["ttft_ms"] is not None
+               for x in lines)
     assert "secret" not in journal.read_text()
 
 
