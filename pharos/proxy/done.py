@@ -12,8 +12,8 @@ records is in it). A new branch gets a row here in the same change.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -69,7 +69,7 @@ def request_id(request: Request) -> str:
     sent = request.getHeader(b"x-request-id")
     if sent is not None and _WELL_FORMED_ID.fullmatch(sent):
         return sent.decode("ascii")
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True, slots=True)

@@ -366,3 +366,24 @@ async def test_no_prompt_text_on_any_surface(tmp_path: Path) -> None:
         await f.stop()
     lines = journal.read_text()
     assert lines.count("\n") == len(sent) and MARKER not in lines
+
+
+def test_every_dashboard_query_names_an_exported_series() -> None:
+    """contrib/grafana/pharos.json: every panel query names only series Pharos exports
+    (``SNAPSHOT``'s families with their _total, _bucket, _count and _sum samples), and every
+    family is shown on some panel."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    doc = json.loads((root / "contrib" / "grafana" / "pharos.json").read_text())
+    exported = set()
+    for name in SNAPSHOT:
+        exported |= {name, name + "_total", name + "_bucket", name + "_count", name + "_sum"}
+    shown = set()
+    for panel in doc["panels"]:
+        for target in panel["targets"]:
+            names = set(re.findall(r"\bpharos_[a-z_]+", target["expr"]))
+            assert names and names <= exported, (panel["title"], names - exported)
+            shown |= names
+    covered = {n for n in SNAPSHOT if any(s.startswith(n) for s in shown)}
+    assert covered == set(SNAPSHOT) - {"pharos_prefix_unfollowed"}
