@@ -46,7 +46,8 @@ def table_a(out: Path) -> list[str]:
                 cells.append("-")
                 continue
             p95 = light["ttft_s"]["p95"]
-            base = alone[s]["ttft_s"]["p95"] if alone[s] else None
+            alone_s = alone[s]
+            base = alone_s["ttft_s"]["p95"] if alone_s else None
             ratio = p95 / base if p95 is not None and base else None
             served = f"{light['ok']}/{light['counted']}"
             cells.append(f"{ms(p95)} ms" + (f" ({ratio:.2f}x)" if mode != "a-alone" and ratio
@@ -97,7 +98,7 @@ def journal_ttft(out: Path, mode: str, policy: str, seed: int, key: str
         return None, None
 
     def pct(p: float) -> float:
-        return values[max(0, min(len(values) - 1, -(-len(values) * p // 100) - 1))]
+        return values[max(0, min(len(values) - 1, int(-(-len(values) * p // 100)) - 1))]
     return pct(50), pct(95)
 
 
