@@ -167,7 +167,10 @@ class LiveMap(Service):
     # --- events in -----------------------------------------------------------------------
 
     def on_done(self, record: Any) -> None:
-        """An ``on_done`` subscriber: one ``done`` event per finished request."""
+        """An ``on_done`` subscriber: one ``done`` event per finished request (kept for the
+        next reader's backlog only while someone watches: the map costs nothing unwatched)."""
+        if not self.readers:
+            return
         try:
             r = done_fields(record)
             self.emit({"type": DONE, "key": _text(r["key"]), "model": _text(r["model"]),
@@ -285,6 +288,8 @@ def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None
 
     def acquire_seen(key: Any, *args: Any, **kw: Any) -> Any:
         d = acquire(key, *args, **kw)
+        if not live.readers:
+            return d  # nobody watches: no event, and the decision's reason stays unbuilt
         req = args[1] if len(args) > 1 else kw.get("req")
         model = getattr(req, "model", None)
 
@@ -303,6 +308,8 @@ def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None
     def start_seen(request: Any, response: Any, target: Any, reason: str,
                    lease: Any = None) -> None:
         start_reply(request, response, target, reason, lease)
+        if not live.readers:
+            return
         try:
             live.first_byte(target, reason)
         except Exception:
