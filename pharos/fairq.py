@@ -145,3 +145,70 @@ class FairQueue(Generic[W]):
         """Waiters by tenant and key (``/status``, tests)."""
         return {t.name: {k.name: len(k.q) for k in t.keys.values() if k.q}
                 for t in self._tenants.values() if t.waiting}
+
+
+#: Seconds a key counts as active after its last request arrived or ended (assumed: a key
+#: sending a request every few seconds is a user in a session, one silent longer has left).
+ACTIVE_SEC = 10.0
+#: Free slots kept for active keys under their share while keys over theirs wait: one in
+#: ``ROOM_EVERY`` of the fleet's slots, at most ``ROOM_SLOTS``, none below ``ROOM_EVERY``
+#: slots (a small fleet keeps every slot busy). On 16 two-second slots (one frees about every
+#: 100 ms) a light key's p95 TTFT at 10:1 was 4.0-5.1x its p95 alone with no room, 1.4-4.7x
+#: with one slot and 1.23-1.38x with two (contrib/bench/fairness-2026-12-02b); the heavy key
+#: gives up those slots while the light key is active. A key alone, or keys all over their
+#: share, use every slot.
+ROOM_SLOTS = 2
+ROOM_EVERY = 8
+
+
+class Shares:
+    """Each key's requests in flight and when it was last active, so a key over its share of
+    the fleet leaves the last free slot to an active key under its share (the fair queue
+    orders waiters but cannot preempt a running request: without room, a light key waits for
+    the next release however fair the order)."""
+
+    def __init__(self) -> None:
+        self.inflight: dict[str, int] = {}
+        self._weight: dict[str, int] = {}
+        self._seen: dict[str, float] = {}
+
+    def seen(self, key: str, weight: int, now: float) -> None:
+        """A request of ``key`` arrived or ended."""
+        self._seen[key] = now
+        self._weight[key] = weight
+        if len(self._seen) > 4 * 1024:
+            self._forget(now)
+
+    def started(self, key: str) -> None:
+        self.inflight[key] = self.inflight.get(key, 0) + 1
+
+    def ended(self, key: str) -> None:
+        n = self.inflight.get(key, 0) - 1
+        if n > 0:
+            self.inflight[key] = n
+        else:
+            self.inflight.pop(key, None)
+
+    def _forget(self, now: float) -> None:
+        for key, at in list(self._seen.items()):
+            if now - at > ACTIVE_SEC and key not in self.inflight:
+                del self._seen[key]
+                self._weight.pop(key, None)
+
+    def must_leave_room(self, key: str, weight: int, free: int, capacity: int,
+                        now: float) -> bool:
+        """Whether ``key``'s request should wait although ``free`` slots (of ``capacity``)
+        are free: no more than the room are, ``key`` is at or over its weighted share of the
+        capacity among the active keys, and another active key is under its own."""
+        mine = self.inflight.get(key, 0)
+        if free > min(ROOM_SLOTS, capacity // ROOM_EVERY) or mine == 0:
+            return False  # room enough, or this key is one the room is kept for
+        active = [(k, self._weight.get(k, 1)) for k, at in self._seen.items()
+                  if k in self.inflight or now - at <= ACTIVE_SEC]
+        total = sum(w for _, w in active) + (0 if key in self._seen else weight)
+        if total <= weight:
+            return False  # alone
+        if mine + 1 <= capacity * weight / total:
+            return False  # within its share
+        return any(k != key and self.inflight.get(k, 0) < capacity * w / total
+                   for k, w in active)

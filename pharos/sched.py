@@ -24,7 +24,7 @@ from twisted.internet.defer import Deferred, fail
 
 from pharos.config import DEFAULT_TENANT
 from pharos.engine.signals import Residency
-from pharos.fairq import FairQueue
+from pharos.fairq import FairQueue, Shares
 from pharos.hot import UTILIZATION, HotPrefixes
 from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
 from pharos.prefix import (
@@ -152,6 +152,7 @@ class Lease:
     waited: bool
     cold: bool  # dispatched to a target whose model was cold
     released: bool = False
+    key: str = ""  # whose request it is (the fair queue's shares)
     chain: Chain = EMPTY
     predicted_tokens: int = 0  # the index's prediction for this target (0: none)
     source: Source | None = None  # where the predicting slot came from
@@ -194,6 +195,7 @@ class Lease:
         self.released = True
         t = self.target
         t.inflight -= 1
+        self.sched.shares.ended(self.key)
         self.sched.leases.discard(self)
         self.sched.released_at = self.sched.state.clock.seconds()
         if not self.started:
@@ -261,6 +263,7 @@ class Scheduler:
         self.default_capacity = default_capacity
         self.seed = seed
         self.queue: FairQueue[_Waiter] = FairQueue()
+        self.shares = Shares()
         self._waiting_models: Counter[str] = Counter()  # waiters by model (the policy's queued)
         self._kicking = False
         #: Leases held now, for the watchdog; when a request last started or a lease was
@@ -291,6 +294,7 @@ class Scheduler:
         except (UnknownModel, Unavailable) as e:
             return fail(e)
         w = _Waiter(key, max(1, weight), req, tenant, max(1, tenant_weight), request_cost(req))
+        self.shares.seen(key, w.weight, self.state.clock.seconds())
         w.d = Deferred(lambda _: self._leave(w))
         if not self.waiting:
             self.waiting_since = self.state.clock.seconds()
@@ -380,14 +384,19 @@ class Scheduler:
         decision = placed.decision
         if decision.target_id is None or decision.enqueue:
             return None
+        if self.shares.must_leave_room(
+                w.key, w.weight, sum(max(0, c.free_slots) for c in placed.candidates),
+                sum(c.capacity for c in placed.candidates), self.state.clock.seconds()):
+            return None
         target = self.state.targets[decision.target_id]
         target.inflight += 1
+        self.shares.started(w.key)
         req = w.req
         match = placed.matches.get(target.id)
         terms = decision.target_terms
         assert terms is not None
         lease = Lease(self, target, decision, waited=not w.arriving, cold=placed.cold[target.id],
-                      chain=req.chain,
+                      key=w.key, chain=req.chain,
                       predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,
                       source=match.source if match else None, est_ttft=terms[1],
                       prefill_sec=terms[3] + terms[4])

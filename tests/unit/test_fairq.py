@@ -130,3 +130,29 @@ def test_heads_lists_every_backlogged_key_for_work_conservation() -> None:
         q.push(W(key))
     q.served(next(q.heads()))  # a served once: its second waiter goes last
     assert [w.key for w in q.heads()] == ["b", "c", "a"]
+
+
+def test_room_is_left_only_by_keys_over_their_share_for_keys_under_theirs() -> None:
+    """With the room (2 of 16 slots) free: a key over its share waits if another active key
+    is under its own; a key within its share, a key alone, or with more slots free, goes; a
+    fleet of fewer than 8 slots keeps no room."""
+    from pharos.fairq import ACTIVE_SEC, Shares
+
+    s = Shares()
+    s.seen("heavy", 1, 0.0)
+    for _ in range(15):
+        s.started("heavy")
+    assert not s.must_leave_room("heavy", 1, 1, 16, 1.0)  # alone
+    s.seen("light", 1, 1.0)
+    assert s.must_leave_room("heavy", 1, 1, 16, 2.0)
+    assert s.must_leave_room("heavy", 1, 2, 16, 2.0)
+    assert not s.must_leave_room("heavy", 1, 3, 16, 2.0)  # three free: more than the room
+    assert not s.must_leave_room("heavy", 1, 1, 7, 2.0)  # a small fleet keeps no room
+    assert not s.must_leave_room("light", 1, 1, 16, 2.0)  # under its share
+    assert not s.must_leave_room("heavy", 1, 1, 16, 2.0 + ACTIVE_SEC)  # light went quiet
+    for _ in range(8):
+        s.started("light")
+    assert not s.must_leave_room("heavy", 1, 1, 16, 2.0)  # nobody under share to serve
+    for _ in range(8):
+        s.ended("light")
+    assert s.inflight == {"heavy": 15}

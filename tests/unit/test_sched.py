@@ -211,3 +211,28 @@ def test_a_prefill_window_starts_when_the_prefill_ahead_ended() -> None:
     clock.advance(0.75)
     c.first_byte()
     assert (a.prefill_window_sec, b.prefill_window_sec, c.prefill_window_sec) == (1.0, 0.5, 0.75)
+
+
+def test_a_key_over_its_share_leaves_the_last_slot_to_an_active_key_under_it() -> None:
+    """Eight slots (a room of one), two active keys: the heavy key takes seven and its eighth
+    request waits (the light key is active and under its share), so the light key's request
+    starts at once; a key alone, or once the other has been silent past ACTIVE_SEC, takes
+    every slot."""
+    from pharos.fairq import ACTIVE_SEC
+
+    sched, state, clock = fleet({"http://l:1": (llamacpp(slots=8), BackendSpec(url="http://l:1"))})
+    alone = [granted(sched.acquire("solo", 1, req(seed=i))) for i in range(8)]
+    for lease in alone:
+        lease.release()
+    clock.pump([1.0] * int(ACTIVE_SEC + 1))
+    light_first = granted(sched.acquire("light", 1, req(seed=9)))
+    light_first.release()
+    heavy = [sched.acquire("heavy", 1, req(seed=i)) for i in range(9)]
+    assert sum(d.called for d in heavy) == 7 and sched.waiting == 2
+    light = granted(sched.acquire("light", 1, req(seed=10)))
+    assert light.target is not None and sched.waiting == 2
+    light.release()  # its slot is kept for it again while it stays active
+    assert sum(d.called for d in heavy) == 7
+    clock.pump([1.0] * int(ACTIVE_SEC + 1))  # rounds kick the queue
+    # The light key has gone quiet: the heavy key gets the last slot.
+    assert sum(d.called for d in heavy) == 8
