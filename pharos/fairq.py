@@ -163,19 +163,22 @@ ROOM_EVERY = 8
 
 class Shares:
     """Each key's requests in flight and when it was last active, so a key over its share of
-    the fleet leaves the last free slot to an active key under its share (the fair queue
+    the fleet leaves the last free slots to an active key under its share (the fair queue
     orders waiters but cannot preempt a running request: without room, a light key waits for
-    the next release however fair the order)."""
+    the next release however fair the order). Shares are two-level like the queue: a
+    tenant's share of the capacity by tenant weight among active tenants, then a key's share
+    of its tenant's by key weight among the tenant's active keys."""
 
     def __init__(self) -> None:
         self.inflight: dict[str, int] = {}
-        self._weight: dict[str, int] = {}
+        self._keys: dict[str, tuple[str, int, int]] = {}  # key -> tenant, weights
         self._seen: dict[str, float] = {}
 
-    def seen(self, key: str, weight: int, now: float) -> None:
-        """A request of ``key`` arrived or ended."""
+    def seen(self, key: str, weight: int, now: float, tenant: str = "", tenant_weight: int = 1
+             ) -> None:
+        """A request of ``key`` (of ``tenant``) arrived."""
         self._seen[key] = now
-        self._weight[key] = weight
+        self._keys[key] = (tenant, weight, tenant_weight)
         if len(self._seen) > 4 * 1024:
             self._forget(now)
 
@@ -193,22 +196,38 @@ class Shares:
         for key, at in list(self._seen.items()):
             if now - at > ACTIVE_SEC and key not in self.inflight:
                 del self._seen[key]
-                self._weight.pop(key, None)
+                self._keys.pop(key, None)
 
     def must_leave_room(self, key: str, weight: int, free: int, capacity: int,
                         now: float) -> bool:
         """Whether ``key``'s request should wait although ``free`` slots (of ``capacity``)
-        are free: no more than the room are, ``key`` is at or over its weighted share of the
-        capacity among the active keys, and another active key is under its own."""
-        mine = self.inflight.get(key, 0)
-        if free > min(ROOM_SLOTS, capacity // ROOM_EVERY) or mine == 0:
-            return False  # room enough, or this key is one the room is kept for
-        active = [(k, self._weight.get(k, 1)) for k, at in self._seen.items()
+        are free: no more than the room are, one more request would put ``key`` (or its
+        tenant) over its share among the active keys, and another active key is entitled to
+        one more (it and its tenant stay within their shares, or it has nothing in flight in
+        a tenant that stays within its share)."""
+        if free > min(ROOM_SLOTS, capacity // ROOM_EVERY) or key not in self._keys:
+            return False
+        active = [k for k, at in self._seen.items()
                   if k in self.inflight or now - at <= ACTIVE_SEC]
-        total = sum(w for _, w in active) + (0 if key in self._seen else weight)
-        if total <= weight:
+        if len(active) < 2:
             return False  # alone
-        if mine + 1 <= capacity * weight / total:
-            return False  # within its share
-        return any(k != key and self.inflight.get(k, 0) < capacity * w / total
-                   for k, w in active)
+        tenant_w: dict[str, int] = {}
+        key_w: dict[str, int] = {}  # tenant -> its active keys' weights
+        held: dict[str, int] = {}  # tenant -> its requests in flight
+        for k in active:
+            t, w, tw = self._keys[k]
+            tenant_w[t] = tw
+            key_w[t] = key_w.get(t, 0) + w
+            held[t] = held.get(t, 0) + self.inflight.get(k, 0)
+        total = sum(tenant_w.values())
+
+        def entitled(k: str, more: int) -> bool:
+            t, w, tw = self._keys[k]
+            tenant_share = capacity * tw / total
+            mine = self.inflight.get(k, 0)
+            return held[t] + more <= tenant_share and (
+                mine == 0 or mine + more <= tenant_share * w / key_w[t])
+
+        if entitled(key, 1):
+            return False  # one more stays within its share
+        return any(k != key and entitled(k, 1) for k in active)

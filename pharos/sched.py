@@ -294,7 +294,7 @@ class Scheduler:
         except (UnknownModel, Unavailable) as e:
             return fail(e)
         w = _Waiter(key, max(1, weight), req, tenant, max(1, tenant_weight), request_cost(req))
-        self.shares.seen(key, w.weight, self.state.clock.seconds())
+        self.shares.seen(key, w.weight, self.state.clock.seconds(), w.tenant, w.tenant_weight)
         w.d = Deferred(lambda _: self._leave(w))
         if not self.waiting:
             self.waiting_since = self.state.clock.seconds()

@@ -156,3 +156,24 @@ def test_room_is_left_only_by_keys_over_their_share_for_keys_under_theirs() -> N
     for _ in range(8):
         s.ended("light")
     assert s.inflight == {"heavy": 15}
+
+
+def test_room_follows_tenant_shares() -> None:
+    """Two tenants of equal weight on 16 slots: tenant b's one key at its tenant's 8 leaves
+    the room to tenant a, whose key a2 is under its share; a1, at its key share of a's 8,
+    leaves it too; a2 goes. Without tenants every key's share would be 16/3, and b's key
+    would be held back against a's many keys however little a used."""
+    from pharos.fairq import Shares
+
+    s = Shares()
+    for key, tenant in (("a1", "a"), ("a2", "a"), ("b", "b")):
+        s.seen(key, 1, 0.0, tenant, 1)
+    for key, n in (("a1", 4), ("a2", 3), ("b", 8)):
+        for _ in range(n):
+            s.started(key)
+    assert s.must_leave_room("b", 1, 1, 16, 1.0)
+    assert s.must_leave_room("a1", 1, 1, 16, 1.0)
+    assert not s.must_leave_room("a2", 1, 1, 16, 1.0)
+    s.ended("b")
+    s.ended("b")  # b at 6 of its 8: b goes, and a1 still waits for a2
+    assert not s.must_leave_room("b", 1, 1, 16, 1.0)
