@@ -303,6 +303,22 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class DecisionLogConfig:
+    """``observability.decision_log``: a JSON line per routing decision of the sampled share
+    of requests (by request id), and one when each ends."""
+
+    path: str
+    sample_rate: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Observability:
+    """``observability:``; ``decision_log`` None: off."""
+
+    decision_log: DecisionLogConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """The cost policy's guards and the prefix index's size (spec §6, §7). ``None`` turns a
     guard off; the defaults are documented where they are defined (``pharos.policy``,
@@ -342,6 +358,7 @@ class Config:
     drain: Drain = Drain()
     peers: Peers | None = None
     routing: Routing = Routing()
+    observability: Observability = Observability()
     timeouts: Timeouts = Timeouts()
 
 
@@ -574,7 +591,7 @@ class _Parser:
             raw,
             "",
             ("listen", "policy", "backends", "keys", "tenants", "state_file", "usage", "drain",
-             "peers", "routing", "timeouts"),
+             "peers", "routing", "timeouts", "observability"),
         )
         if m is None:
             return Config()
@@ -604,8 +621,31 @@ class _Parser:
             drain=self.drain(m.get("drain")),
             peers=self.peers(m.get("peers")),
             routing=self.routing(m.get("routing")),
+            observability=self.observability(m.get("observability")),
             timeouts=self.timeouts(m.get("timeouts")),
         )
+
+    def observability(self, raw: object) -> Observability:
+        if raw is None:
+            return Observability()
+        m = self.mapping(raw, "observability", ("decision_log",))
+        if m is None or m.get("decision_log") is None:
+            return Observability()
+        path = "observability.decision_log"
+        d = self.mapping(m["decision_log"], path, ("path", "sample_rate"), required=("path",))
+        if d is None or "path" not in d:
+            return Observability()
+        file = self.text(d["path"], _at(path, "path"), "a file path")
+        rate = 1.0
+        if d.get("sample_rate") is not None:
+            raw_rate = d["sample_rate"]
+            if _is_number(raw_rate) and 0 < raw_rate <= 1:
+                rate = float(raw_rate)
+            else:
+                self.expected(_at(path, "sample_rate"), "a number above 0, at most 1", raw_rate)
+        if file is None:
+            return Observability()
+        return Observability(DecisionLogConfig(path=file, sample_rate=rate))
 
     def timeouts(self, raw: object) -> Timeouts:
         if raw is None:

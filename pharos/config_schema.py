@@ -113,6 +113,12 @@ def schema() -> dict[str, Any]:
                 "eviction_pricing": {"type": ["boolean", "null"]},
                 "prefix_entries": {"type": ["integer", "null"], "minimum": 1},
             }, description="the cost policy's guards; null turns a guard off"),
+            "observability": _object({
+                "decision_log": _object({
+                    "path": {"type": "string", "minLength": 1},
+                    "sample_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                }, required=("path",), description="a JSON line per sampled routing decision"),
+            }),
             "timeouts": _object({
                 "first_byte": _object({"generate": _DURATION, "embeddings": _DURATION}),
                 "stream_idle": _DURATION,

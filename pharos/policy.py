@@ -259,6 +259,11 @@ class Decision:
         return self._scored.explanation()[2]
 
     @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        """The candidates it chose among (the decision log writes their signals)."""
+        return self._scored.candidates
+
+    @property
     def score_terms(self) -> tuple[ScoreTerms, ...]:
         """Per candidate, in the order of the candidates (built on the first read)."""
         return self._scored.all_terms()

@@ -17,6 +17,7 @@ from twisted.web.server import Request, Site
 from pharos.config import Config, ConfigError, load_config
 from pharos.engine.fetch import make_client
 from pharos.journal import Journal
+from pharos.obs.decisions import DecisionLog
 from pharos.obs.metrics import Metrics, MetricsPage
 from pharos.obs.pages import Pages, mount, with_pages
 from pharos.obs.reqlog import RequestLog
@@ -117,6 +118,12 @@ class PharosService(MultiService):
         if self.journal is not None:
             journal = self.journal
             self.public.on_done.append(lambda done: journal.write(done.journal()))
+        dl = config.observability.decision_log
+        self.decision_log = (DecisionLog(dl.path, dl.sample_rate, reactor, self.state,
+                                         config.policy) if dl is not None else None)
+        if self.decision_log is not None:
+            self.public.decision_log = self.decision_log
+            self.public.on_done.append(self.decision_log.done)
         self.request_log = RequestLog() if request_log else None
         if self.request_log is not None:
             self.public.on_done.append(self.request_log)
@@ -166,6 +173,8 @@ class PharosService(MultiService):
         await self.pool.closeCachedConnections()
         if self.journal is not None:
             await self.journal.close()
+        if self.decision_log is not None:
+            await self.decision_log.close()
 
 
 class WithMetrics(Resource):

@@ -119,7 +119,8 @@ class Exchange:
                  sched: Scheduler, state: State, send: Send, clock: IReactorTime,
                  limits: Limits, inflight: Inflight, session: int | None,
                  start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
-                 who: Identity = OPEN) -> None:
+                 who: Identity = OPEN,
+                 on_lease: Callable[[Lease], None] | None = None) -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
@@ -133,6 +134,7 @@ class Exchange:
         self.session = session
         self.start_reply = start_reply
         self.who = who
+        self.on_lease = on_lease  # told of each lease taken (the decision log)
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -171,6 +173,8 @@ class Exchange:
         assert self.lease is None, "an exchange holds one lease at a time"
         self.lease = lease
         self.inflight.add(lease.target.backend, self)
+        if self.on_lease is not None:
+            self.on_lease(lease)
 
     def _drop(self, sample: Sample | None = None) -> None:
         """Give back the lease held, if any (the only place a lease is released)."""

@@ -9,12 +9,13 @@ first byte reaches the client, a refused connection or a 5xx is retried once els
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 import uuid
 from collections.abc import Callable
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from klein import Klein
 from treq.client import HTTPClient
@@ -95,6 +96,8 @@ class PublicAPI:
         self.started = int(time.time())
         #: Subscribers to every finished data-plane request's ``Done`` (refusals included):
         #: metrics, the journal, the request log line, the status page and the live map.
+        #: The decision log (``observability.decision_log``), if configured.
+        self.decision_log: DecisionSink | None = None
         self.on_done: list[Callable[[Done], object]] = []
 
     # --- Pharos itself ---------------------------------------------------------------------
@@ -382,7 +385,7 @@ class PublicAPI:
             held = self.admission.admit(who, parsed, path)
             trace.admit(parsed)
             try:
-                ex = self._exchange(request, parsed, path, kind, who)
+                ex = self._exchange(request, parsed, path, kind, who, trace.request_id)
                 await ex.run()
             finally:
                 self.admission.finish(held, parsed.model, ex)
@@ -417,7 +420,7 @@ class PublicAPI:
         self._done(trace.finish(self.clock.seconds(), 413))
 
     def _exchange(self, request: Request, parsed: Parsed, path: str, kind: str | None,
-                  who: Identity) -> Exchange:
+                  who: Identity, rid: str = "") -> Exchange:
         if parsed.unfollowed is not None:
             self.sched.unfollowed[parsed.unfollowed] += 1
         limits = Limits(
@@ -427,8 +430,16 @@ class PublicAPI:
         ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
                       send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=_session(request, parsed), start_reply=self._start_reply,
-                      who=who)
+                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens))
         return ex
+
+    def _decision_logger(self, rid: str, prompt_tokens: int) -> Callable[[Lease], None] | None:
+        """The decision log's callback for a sampled request (None for the rest)."""
+        dlog = self.decision_log
+        if dlog is None or not dlog.sampled(rid):
+            return None
+        attempts = itertools.count(1)
+        return lambda lease: dlog.decided(rid, next(attempts), prompt_tokens, lease)
 
     def _send(self, target: Target, path: str, body: bytes) -> Deferred[IResponse]:
         return send(self.client, target.backend.url + path, body)
@@ -454,6 +465,16 @@ class PublicAPI:
             if lease.est_ttft is not None:
                 request.setHeader(b"x-pharos-estimated-ttft-ms",
                                   f"{lease.est_ttft * 1000:.1f}".encode())
+
+
+class DecisionSink(Protocol):
+    """What the proxy asks of the decision log (``pharos.obs.decisions``; the proxy imports
+    no subscriber)."""
+
+    def sampled(self, request_id: str) -> bool: ...
+
+    def decided(self, request_id: str, attempt: int, prompt_tokens: int, lease: Lease
+                ) -> None: ...
 
 
 def _session(request: Request, parsed: Parsed) -> int | None:

@@ -833,3 +833,25 @@ def test_timeouts_section() -> None:
                  "timeouts.stream_idle", "timeouts.request_headers",
                  "timeouts: unknown field 'idle'"):
         assert path in text, path
+
+
+def test_decision_log_config() -> None:
+    """observability.decision_log takes a path and a sample rate in (0, 1] (default 1);
+    a rate outside it, or no path, is an error naming the field."""
+    from pharos.config import ConfigError, DecisionLogConfig
+
+    cfg = parse_config("observability: {decision_log: {path: /tmp/d.jsonl}}\n")
+    assert cfg.observability.decision_log == DecisionLogConfig("/tmp/d.jsonl", 1.0)
+    cfg = parse_config("observability: {decision_log: {path: d, sample_rate: 0.01}}\n")
+    assert cfg.observability.decision_log == DecisionLogConfig("d", 0.01)
+    for text, error in (
+            ("{path: d, sample_rate: 0}", "observability.decision_log.sample_rate: expected"),
+            ("{path: d, sample_rate: 1.5}", "observability.decision_log.sample_rate: expected"),
+            ("{sample_rate: 0.5}", "observability.decision_log: missing required field 'path'"),
+    ):
+        try:
+            parse_config(f"observability: {{decision_log: {text}}}\n")
+        except ConfigError as e:
+            assert any(m.startswith(error) for m in e.errors), e.errors
+        else:
+            raise AssertionError(f"{text} accepted")

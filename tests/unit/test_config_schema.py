@@ -84,6 +84,8 @@ def test_each_schema_object_matches_the_parser(at: Any, node: dict[str, Any]) ->
     ((("tenants", True),), cfg.Tenant),
     ((("usage", False),), cfg.Usage), ((("drain", False),), cfg.Drain),
     ((("peers", False),), cfg.Peers), ((("routing", False),), cfg.Routing),
+    ((("observability", False),), cfg.Observability),
+    ((("observability", False), ("decision_log", False)), cfg.DecisionLogConfig),
 ])
 def test_schema_fields_are_the_dataclasses_fields(section: Any, klass: type) -> None:
     """Each section's properties are its dataclass's fields (timeouts: first_byte groups two)."""
