@@ -13,6 +13,8 @@ Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, the ollama client's h
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -65,9 +67,15 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: Both schemes a key may come in: Basic makes a browser ask for it (user anything, the key
+#: as password) and send it with the page's own requests, the event stream of /live
+#: included, which a page's script cannot give an Authorization header.
+CHALLENGE = b'Bearer, Basic realm="pharos", charset="UTF-8"'
+
+
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, type="invalid_request_error", code="invalid_api_key",
-                    headers=((b"www-authenticate", b"Bearer"),))
+                    headers=((b"www-authenticate", CHALLENGE),))
 
 
 class Keyring:
@@ -111,15 +119,25 @@ class Keyring:
 
 
 def presented_key(request: IRequest) -> bytes | None:
-    """The key a request presents: ``Authorization: Bearer KEY``, else ``x-api-key``.
-    Surrounding whitespace is the header's, not the key's; a malformed Authorization (another
-    scheme, no key, a key with spaces inside) is a 401 naming the form expected."""
+    """The key a request presents: ``Authorization: Bearer KEY`` (or ``Basic`` with the key
+    as the password, as a browser sends it), else ``x-api-key``. Surrounding whitespace is
+    the header's, not the key's; a malformed Authorization (another scheme, no key, a key
+    with spaces inside) is a 401 naming the form expected."""
     auth = request.getHeader(b"authorization")
     if auth is not None:
         parts = auth.strip().split(None, 1)
-        if len(parts) != 2 or parts[0].lower() != b"bearer" or not parts[1].strip() or (
+        scheme = parts[0].lower() if parts else b""
+        if len(parts) != 2 or scheme not in (b"bearer", b"basic") or not parts[1].strip() or (
                 len(parts[1].split()) != 1):
             raise unauthorized("malformed Authorization header: expected Bearer KEY")
+        if scheme == b"basic":
+            try:
+                user, _, password = base64.b64decode(parts[1].strip(), validate=True
+                                                     ).partition(b":")
+            except (ValueError, binascii.Error):
+                raise unauthorized("malformed Authorization header: Basic needs "
+                                   "base64 of user:KEY") from None
+            return password or user
         return parts[1].strip()
     key = request.getHeader(b"x-api-key")
     if key is not None:

@@ -72,7 +72,8 @@ async def test_errors_in_each_route_familys_shape() -> None:
     try:
         code, doc, headers = await call(f, "POST", "/v1/chat/completions", body=chat())
         assert code == 401 and doc["error"]["code"] == "invalid_api_key"
-        assert headers.getRawHeaders(b"www-authenticate") == [b"Bearer"]
+        assert headers.getRawHeaders(b"www-authenticate") == [
+            b'Bearer, Basic realm="pharos", charset="UTF-8"']
         code, doc, _ = await call(f, "POST", "/api/chat", "phk-wrong", body=chat())
         assert code == 401 and doc == {"error": "invalid API key"}
         code, doc, _ = await call(f, "POST", "/v1/messages", body=chat())
@@ -273,5 +274,32 @@ async def test_hostile_credentials_get_clear_errors() -> None:
         code, _, _ = await call(f, "POST", "/v1/chat/completions", "k" * 100_000, chat())
         assert code == 431
         assert (await call(f, "POST", "/v1/chat/completions", ALICE, chat()))[0] == 200
+    finally:
+        await f.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_browser_reaches_the_pages_with_basic_auth() -> None:
+    """With keys configured, /status and /live answer a browser's Basic credentials (the
+    admin key as the password) and refuse them without, challenging with Basic so the
+    browser asks; a non-admin key is a 403."""
+    import base64
+
+    f = await fleet()
+    try:
+        def basic(key: str) -> Headers:
+            token = base64.b64encode(f"me:{key}".encode())
+            return Headers({b"authorization": [b"Basic " + token]})
+
+        for path in ("/status", "/live"):
+            r = await treq.get(f.url + path, pool=f.pool)
+            await r.content()
+            assert r.code == 401
+            assert b"Basic" in (r.headers.getRawHeaders(b"www-authenticate") or [b""])[0]
+            r = await treq.get(f.url + path, headers=basic(ADMIN), pool=f.pool)
+            assert r.code == 200 and b"<html" in (await r.content()).lower()
+            r = await treq.get(f.url + path, headers=basic(ALICE), pool=f.pool)
+            await r.content()
+            assert r.code == 403
     finally:
         await f.stop()

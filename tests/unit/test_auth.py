@@ -37,7 +37,7 @@ def refused(r: Any) -> ApiError:
     with pytest.raises(ApiError) as info:
         RING.identify(r)
     assert info.value.status == 401 and info.value.code == "invalid_api_key"
-    assert (b"www-authenticate", b"Bearer") in info.value.headers
+    assert dict(info.value.headers)[b"www-authenticate"].startswith(b"Bearer, Basic")
     return info.value
 
 
@@ -62,11 +62,25 @@ def test_bearer_and_x_api_key_find_the_key_and_its_tenant() -> None:
     assert bob.admin and bob.may_use("m2") and bob.tenant == "default"
 
 
+def test_basic_auth_carries_the_key_as_the_password() -> None:
+    """A browser answering the Basic challenge sends user:KEY; the key identifies, whatever
+    the user name (or the user name when the password is empty); a wrong one is a 401."""
+    import base64
+
+    def basic(text: str) -> Any:
+        return request(authorization="Basic " + base64.b64encode(text.encode()).decode())
+
+    assert RING.identify(basic(f"admin:{BOB}")).name == "bob"
+    assert RING.identify(basic(f"{ALICE}:")).name == "alice"
+    assert refused(basic("admin:phk-nope")).message == "invalid API key"
+
+
 def test_missing_malformed_and_unknown_keys_are_401() -> None:
     """No key, another scheme, a Bearer without a key or with spaces inside, an unknown or
     wrongly-cased key, and a 10,000-character key are all refused, saying what was wrong."""
     assert "required" in refused(request()).message
-    for bad in ("Basic dXNlcjpwYXNz", "Bearer", "Bearer ", f"Bearer {ALICE} extra", ALICE):
+    for bad in ("Basic not*base64", "Digest abc", "Bearer", "Bearer ", f"Bearer {ALICE} extra",
+                ALICE):
         assert "malformed" in refused(request(authorization=bad)).message
     assert "malformed" in refused(request(x_api_key="a b")).message
     for unknown in ("phk-nobody", ALICE.upper(), ALICE + "x", "k" * 10_000):
