@@ -47,8 +47,9 @@ Guards (spec §7 and the related systems' load guards), each with a documented d
 ``PolicyConfig``:
 
 * bounded load: a target already holding ``ceil((1 + epsilon) × (in_flight + 1) / n)`` of the
-  model's in-flight requests is set aside, so a hot prefix cannot melt one engine (some target
-  always qualifies; the guard steps back when it would leave none);
+  model's in-flight requests is set aside, so a hot prefix cannot melt one engine, unless it
+  holds fewer than ``BOUNDED_LOAD_MIN_INFLIGHT`` or half its slots (a share of a few requests
+  is noise); some target always qualifies: the guard steps back when it would leave none;
 * KV pressure: above ``kv_pressure_threshold`` the match is trusted less (the penalty above),
   by at most ``KV_DISTRUST_MAX`` of what it saves, so a target holding the prompt still beats
   one holding nothing; when (nearly) every candidate is above, the guard is waived for all
@@ -108,6 +109,14 @@ SET_ASIDE_BOUNDED_LOAD: Final = "bounded load"
 #: Bounded load: a target may hold (1 + epsilon) times the average share. 1.0, as the related
 #: system settled on after measuring 0.25 too tight for hot prefixes (assumed here).
 BOUNDED_LOAD_EPSILON: Final = 1.0
+#: Bounded load sets aside no target with fewer of Pharos's requests in flight than this or
+#: half its slots, whichever is less: a share of a handful of requests is noise, not a melting
+#: engine. W1 at 6 req/s has about 10 requests in flight over three 64-slot engines, so the
+#: bound was often 4 to 6, and the guard sent a system prompt away from its holder at as few
+#: as 4 in flight (11 of 99 misses over five seeds directly); each such copy pushed another
+#: prompt out of a cache that holds three or four, and the copies and evictions that followed
+#: made most of the rest (contrib/bench/w1-2026-12-02b).
+BOUNDED_LOAD_MIN_INFLIGHT: Final = 8
 #: ``Score.fallbacks`` entry of a cold load whose memory headroom is unknown (taken as feasible).
 FITS_IF_COLD_UNKNOWN: Final = "fits_if_cold=unknown"
 #: ``Score.fallbacks`` entry of a prefix match trusted in full because KV usage is unknown.
@@ -323,6 +332,12 @@ def _matched(matched_tokens: int, prompt: int) -> int:
 _UNBOUNDED: Final = 1 << 62
 
 
+def _over_bound(inflight: int, capacity: int, bound: int) -> bool:
+    """Bounded load sets the target aside: its in-flight requests reach the bound, and
+    ``BOUNDED_LOAD_MIN_INFLIGHT`` or half its slots, whichever is less."""
+    return inflight >= bound and inflight >= min(BOUNDED_LOAD_MIN_INFLIGHT, (capacity + 1) // 2)
+
+
 class _Fleet:
     """What every candidate's terms share in one pick: the prompt, the config, the guards'
     fleet-wide inputs and the fleet medians of unknown inputs. Each fleet-wide input is taken
@@ -466,7 +481,7 @@ class _Fleet:
                     distrust = 1.0
                 kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
 
-        if set_aside is None and c.inflight >= self.bound:
+        if set_aside is None and _over_bound(c.inflight, capacity, self.bound):
             set_aside = SET_ASIDE_BOUNDED_LOAD
         util = (capacity - free + c.queue_ahead) / capacity
         evict = c.evict_tokens * per_token
@@ -577,7 +592,8 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                 load = load_median
         else:
             load = 0.0
-        if c.inflight >= bound:
+        inflight = c.inflight
+        if inflight >= bound and _over_bound(inflight, capacity, bound):
             aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
             continue
 
@@ -648,7 +664,7 @@ def _select_least_load(fleet: _Fleet) -> _Scored:
         utils[i] = (capacity - c.free_slots + c.queue_ahead) / capacity
         if c.warm is False and not c.loading and c.fits_if_cold is False:
             aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
-        elif c.inflight >= bound:
+        elif c.inflight >= bound and _over_bound(c.inflight, capacity, bound):
             aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
         else:
             add_feasible(i)

@@ -8,6 +8,7 @@ from collections import Counter
 
 from pharos.config import Backend as BackendSpec
 from pharos.policy import (
+    BOUNDED_LOAD_MIN_INFLIGHT,
     SET_ASIDE_BOUNDED_LOAD,
     Candidate,
     PolicyConfig,
@@ -139,6 +140,29 @@ def test_bounded_load_sets_an_overloaded_cache_holder_aside() -> None:
     off = pick(RouteReq(2100, 1), cands, PolicyConfig(bounded_load_epsilon=None))
     assert off.target_id == 0
     assert deciding_term(off.scores, off.target_id) == "prefill"
+
+
+def test_bounded_load_ignores_a_handful_in_flight_on_a_large_engine() -> None:
+    """Four requests in flight on a 64-slot engine reach the bound (2 x 5 / 3, rounded up)
+    but melt nothing: the prompt's only holder keeps it (sending it away was a miss, and a copy
+    that pushed another prompt out of a small cache, W1). With 12 in flight, past
+    BOUNDED_LOAD_MIN_INFLIGHT, the guard sets the holder aside again; the test above keeps it
+    acting at half the slots of a small engine (4 of 8)."""
+    def cand(tid: int, inflight: int, matched: int) -> Candidate:
+        return Candidate(target_id=tid, warm=None, capacity=64, free_slots=64 - inflight,
+                         queue_ahead=0, kv_usage=0.1, matched_tokens=matched,
+                         prefill_sec_per_token=0.001, load_sec=None, service_sec=2.0,
+                         fits_if_cold=None, loading=False, inflight=inflight)
+
+    few = pick(RouteReq(2100, 1), [cand(0, 4, 2000), cand(1, 0, 0), cand(2, 0, 0)],
+               PolicyConfig())
+    assert few.target_id == 0
+    assert few.scores[0].set_aside is None
+    assert BOUNDED_LOAD_MIN_INFLIGHT <= 12
+    many = pick(RouteReq(2100, 1), [cand(0, 12, 2000), cand(1, 0, 0), cand(2, 0, 0)],
+                PolicyConfig())
+    assert many.target_id != 0
+    assert many.scores[0].set_aside == SET_ASIDE_BOUNDED_LOAD
 
 
 def test_bounded_load_never_leaves_no_target() -> None:

@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 
 from pharos import policy
 from pharos.policy import (
+    BOUNDED_LOAD_MIN_INFLIGHT,
     FITS_IF_COLD_UNKNOWN,
     KV_DISCOUNTED,
     KV_USAGE_UNKNOWN,
     KV_WAIVED,
+    SET_ASIDE_BOUNDED_LOAD,
     SET_ASIDE_WONT_FIT,
     Candidate,
     Decision,
@@ -706,6 +708,20 @@ def test_every_candidate_field_is_varied() -> None:
     does not name it), so a new input priced in one of the two estimates and not the other
     makes it fail."""
     assert [name for name, strategy in EVERY_FIELD.items() if strategy is None] == []
+
+
+@given(requests, every_field_fleets)
+def test_bounded_load_spares_a_target_running_a_few(
+    req: RouteReq, cands: list[Candidate]
+) -> None:
+    """Bounded load never sets aside a target running fewer than BOUNDED_LOAD_MIN_INFLIGHT
+    of Pharos's requests or half its slots (whichever is less), whatever the fleet; and any
+    target it sets aside is at or past the bound."""
+    scored = policy._select(req, cands, COST)
+    for c, t in zip(cands, scored.all_terms(), strict=True):
+        if t[8] == SET_ASIDE_BOUNDED_LOAD:
+            assert c.inflight >= min(BOUNDED_LOAD_MIN_INFLIGHT, (c.capacity + 1) // 2)
+            assert c.inflight >= scored.fleet.bound
 
 
 @given(requests, every_field_fleets, guard_configs)
