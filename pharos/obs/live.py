@@ -35,8 +35,9 @@ from pharos.state.state import State
 log = Logger()
 
 #: Event types on the stream.
-FLEET, QUEUED, ROUTED, FIRST_BYTE, DONE = "fleet", "queued", "routed", "first_byte", "done"
-EVENT_TYPES = (FLEET, QUEUED, ROUTED, FIRST_BYTE, DONE)
+FLEET, ADMITTED, QUEUED, ROUTED, FIRST_BYTE, DONE = (
+    "fleet", "admitted", "queued", "routed", "first_byte", "done")
+EVENT_TYPES = (FLEET, ADMITTED, QUEUED, ROUTED, FIRST_BYTE, DONE)
 #: A reader's own buffer bound, bytes: past it, the reader is dropped.
 MAX_BUFFER = 256 * 1024
 #: Seconds between keepalive comments.
@@ -184,6 +185,10 @@ class LiveMap(Service):
         except Exception:  # the proxy's request never fails for the map
             log.failure("live map: done event failed")
 
+    def admitted(self, key: object, model: object) -> None:
+        """A request passed auth and admission and asks the scheduler for a slot."""
+        self.emit({"type": ADMITTED, "key": _text(key), "model": _text(model)})
+
     def queued(self, key: object, model: object) -> None:
         """A request waits in the fair queue."""
         self.emit({"type": QUEUED, "key": _text(key), "model": _text(model)})
@@ -280,18 +285,24 @@ class LiveMap(Service):
 
 
 def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None]:
-    """Feed ``queued``, ``routed`` and ``first_byte`` by wrapping ``sched.acquire`` and the
+    """Feed ``admitted``, ``queued``, ``routed`` and ``first_byte`` by wrapping ``sched.acquire`` and the
     owner's ``_start_reply`` on those instances (no change to the proxy); returns the undo.
     A ``hook`` list on the proxy would replace this once the proxy has one."""
     acquire = sched.acquire
     start_reply = start_reply_owner._start_reply
 
     def acquire_seen(key: Any, *args: Any, **kw: Any) -> Any:
-        d = acquire(key, *args, **kw)
         if not live.readers:
-            return d  # nobody watches: no event, and the decision's reason stays unbuilt
+            return acquire(key, *args, **kw)  # nobody watches: no event
         req = args[1] if len(args) > 1 else kw.get("req")
         model = getattr(req, "model", None)
+        retry = args[2] if len(args) > 2 else kw.get("front", False)
+        if not retry:
+            try:
+                live.admitted(key, model)
+            except Exception:  # never fail the request for the map
+                log.failure("live map: admitted event failed")
+        d = acquire(key, *args, **kw)
 
         def granted(lease: Any) -> Any:
             try:

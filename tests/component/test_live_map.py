@@ -57,8 +57,8 @@ async def reader(rig: PagesRig) -> RawReader:
 
 @pytest_twisted.ensureDeferred
 async def test_events_carry_the_lifecycle_without_prompts() -> None:
-    """A reader gets the fleet first (every backend), then per request routed (target and
-    reason), first_byte and done (status and tokens); names with markup, quotes and newlines
+    """A reader gets the fleet first (every backend), then per request admitted, routed
+    (target and reason), first_byte and done (status and tokens); names with markup, quotes and newlines
     stay inside one JSON data line; the prompts' marker is never sent."""
     rig = await start_pages()
     try:
@@ -78,6 +78,11 @@ async def test_events_carry_the_lifecycle_without_prompts() -> None:
         routed = [e for e in events if e["type"] == "routed"]
         assert len(routed) == 2 and all(e["target"] in urls and e["reason"] for e in routed)
         assert sum(e["type"] == "first_byte" for e in events) == 2
+        # Admitted: the two served requests (the unknown model is refused at the scheduler,
+        # after admission, so it is admitted too), each before its routed event.
+        admitted = [i for i, e in enumerate(events) if e["type"] == "admitted"]
+        assert len(admitted) == 3
+        assert admitted[0] < next(i for i, e in enumerate(events) if e["type"] == "routed")
         done = [e for e in events if e["type"] == "done"]
         assert [e["status"] for e in done] == [200, 200, 404]
         assert all(e["completion_tokens"] and e["prompt_tokens"] for e in done[:2])
