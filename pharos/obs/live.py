@@ -285,8 +285,9 @@ class LiveMap(Service):
 
 
 def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None]:
-    """Feed ``admitted``, ``queued``, ``routed`` and ``first_byte`` by wrapping ``sched.acquire`` and the
-    owner's ``_start_reply`` on those instances (no change to the proxy); returns the undo.
+    """Feed ``admitted``, ``queued``, ``routed`` and ``first_byte`` by wrapping
+    ``sched.acquire`` and the owner's ``_start_reply`` on those instances (no change to the
+    proxy); returns the undo.
     A ``hook`` list on the proxy would replace this once the proxy has one."""
     acquire = sched.acquire
     start_reply = start_reply_owner._start_reply

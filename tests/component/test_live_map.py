@@ -58,8 +58,8 @@ async def reader(rig: PagesRig) -> RawReader:
 @pytest_twisted.ensureDeferred
 async def test_events_carry_the_lifecycle_without_prompts() -> None:
     """A reader gets the fleet first (every backend), then per request admitted, routed
-    (target and reason), first_byte and done (status and tokens); names with markup, quotes and newlines
-    stay inside one JSON data line; the prompts' marker is never sent."""
+    (target and reason), first_byte and done (status and tokens); names with markup, quotes
+    and newlines stay inside one JSON data line; the prompts' marker is never sent."""
     rig = await start_pages()
     try:
         r = await reader(rig)
