@@ -66,15 +66,38 @@ def _ttft(conn: http.client.HTTPConnection, body: bytes) -> float:
     return first
 
 
-def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
-    """Run the engine and Pharos, measure, stop both."""
+def _watch(port: int, stop: threading.Event, seen: list[int]) -> None:
+    """A /live/events reader that reads everything until ``stop`` (``--observe``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/live/events")
+    resp = conn.getresponse()
+    while not stop.is_set():
+        try:
+            line = resp.fp.readline()
+        except OSError:
+            break
+        if not line:
+            break
+        if line.startswith(b"data:"):
+            seen[0] += 1
+    conn.close()
+
+
+def bench_overhead(requests: int = 1000, body_kib: int = 32,
+                   observe: bool = False) -> dict[str, Any]:
+    """Run the engine and Pharos, measure, stop both. ``observe``: with the decision log on
+    for every request and a live map reader connected, the most the observability records
+    (issue 12 item 9)."""
     exe = Path(sys.executable).parent
     engine_port, pharos_port = _free_port(), _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "pharos.yaml"
         cfg.write_text(f"listen: 127.0.0.1:{pharos_port}\nbackends:\n"
-                       f"  - url: http://127.0.0.1:{engine_port}\n    kind: vllm\n")
+                       f"  - url: http://127.0.0.1:{engine_port}\n    kind: vllm\n"
+                       + (f"observability:\n  decision_log:\n    path: {tmp}/decisions.jsonl\n"
+                          "    sample_rate: 1.0\n" if observe else ""))
+        stop, seen = threading.Event(), [0]
         try:
             procs.append(subprocess.Popen(
                 [str(exe / "pharos"), "sim-engine", "--kind", "vllm", "--port",
@@ -89,6 +112,9 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
                 [str(exe / "twistd"), "-n", "--pidfile=", *extra, "pharos", "-c", str(cfg)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp))
             _wait(pharos_port, "/healthz")
+            if observe:
+                threading.Thread(target=_watch, args=(pharos_port, stop, seen),
+                                 daemon=True).start()
             text = ("lorem ipsum dolor sit amet " * (body_kib * 1024 // 27 + 1))[
                 : body_kib * 1024]
             body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 4,
@@ -106,6 +132,7 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
                 r_times.append(_ttft(routed, body))
             cpu = _cpu_seconds(pharos_pid) - cpu0
         finally:
+            stop.set()
             for p in procs:
                 p.terminate()
             for p in procs:
@@ -127,6 +154,7 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32) -> dict[str, Any]:
         "added_ms": {"p50": round((percentile(r_times, 50) - percentile(d_times, 50)) * ms, 3),
                      "p99": round((percentile(r_times, 99) - percentile(d_times, 99)) * ms, 3)},
         "pharos_cpu_ms_per_request": round(cpu / requests * ms, 3),
+        "observe": observe, "live_events_read": seen[0] if observe else None,
         "note": "added = TTFT through Pharos minus direct (percentile of each); Pharos CPU "
                 "counts its whole process over the measured requests",
     }
@@ -138,8 +166,10 @@ def main_overhead(argv: list[str]) -> int:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--body-kib", type=int, default=32)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--observe", action="store_true",
+                   help="decision log on for every request and a live map reader connected")
     a = p.parse_args(argv)
-    r = bench_overhead(a.requests, a.body_kib)
+    r = bench_overhead(a.requests, a.body_kib, a.observe)
     if a.json:
         print(json.dumps(r, indent=2))
         return 0
