@@ -611,10 +611,25 @@ class Scheduler:
                 t.quiet_rounds = t.quiet_rounds + 1 if pressed and queued == 0 else 0
                 if t.quiet_rounds >= REPROBE_ROUNDS:
                     t.capacity_seen_queue, t.quiet_rounds = False, 0
-            if v.capacity or t.backend.spec.capacity or t.backend.failing is not None:
+            if v.capacity or t.backend.spec.capacity:
                 continue
-            if running is None or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY:
-                continue  # unknown this round: nothing learned, nothing forgotten
+            if (t.backend.failing is not None or running is None
+                    or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY):
+                # The engine's counts are unknown this round: nothing forgotten. A busy vLLM
+                # on 2 cores answered /metrics past the deadline for a minute and nothing was
+                # learned (the live capacity test). Pharos's own counts are evidence then:
+                # every request of its in flight there has its first byte, so the engine runs
+                # them all and queues none; while its replies flow, try one more as the
+                # engine's "no queue" would.
+                if (pressed and not t.capacity_seen_queue and t.inflight > 0
+                        and t.unstarted == 0
+                        and self.state.replying(t.backend, self.state.clock.seconds())):
+                    base = (t.learned_capacity if t.learned_capacity is not None
+                            else self.default_capacity)
+                    t.capacity_seen_max = max(t.capacity_seen_max, t.inflight)
+                    if t.inflight >= base:
+                        t.learned_capacity = base + 1
+                continue
             current = t.learned_capacity
             base = current if current is not None else self.default_capacity
             t.capacity_seen_max = seen = max(t.capacity_seen_max, running)

@@ -205,6 +205,8 @@ async def test_capacity_is_learned_through_pharos(vllm: engines.RunningEngine) -
     pharos = await front(vllm.url, "vllm")
     streams = []
     try:
+        # Ready means a first round ended, not that it succeeded (a busy engine can miss it).
+        await eventually(lambda: pharos.sched.state.targets_for("tiny"), timeout=60)
         (target,) = pharos.sched.state.targets
         assert target.learned_capacity is None
         cap = engines.VLLM_MAX_NUM_SEQS

@@ -257,3 +257,32 @@ def test_config_capacity_wins_and_nothing_is_learned() -> None:
         clock.pump([1.0])
     assert t.inflight == 3 and t.learned_capacity is None
     assert sched.capacity_of(t) == (3, CAPACITY_CONFIG)
+
+
+def test_with_the_metrics_unanswered_its_own_started_requests_still_teach() -> None:
+    """The engine's /metrics fails every round (a busy engine past the deadline) while every
+    request Pharos has there got its first byte and its replies flow: one slot more a round
+    all the same; with one request still without its first byte (the engine may be queueing
+    it), none."""
+    from pharos.engine.fetch import FetchError
+
+    def started(lease: Lease) -> Lease:
+        lease.first_byte()  # the engine's first byte (once: it ignores a repeat)
+        return lease
+
+    sched, clock, engine, t = rig()
+    waiters = hold(sched, 20)
+    clock.pump([1.0])
+    engine.answers["/metrics"] = FetchError("no answer within 0.8 s")
+    for _ in range(4):
+        for d in waiters:
+            if d.called:
+                d.addCallback(started)
+        t.backend.replied_at = clock.seconds()
+        clock.pump([1.0])
+    learned = t.learned_capacity
+    assert learned is not None and learned >= 4, learned
+    for _ in range(3):  # no first bytes from here: the slot granted next stays unstarted
+        t.backend.replied_at = clock.seconds()
+        clock.pump([1.0])
+    assert t.learned_capacity is not None and t.learned_capacity <= learned + 1
