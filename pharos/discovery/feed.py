@@ -1,0 +1,111 @@
+"""Log feeds: where an engine's log lines come from (spec §4 "Log probes").
+
+A feed hands each line to ``on_line`` as bytes without its newline and never keeps, logs or
+sends a line's content: lines are matched in memory by the plan's log probes and dropped.
+``FileFeed`` follows a local file (``file:///path``); Docker discovery supplies the feed for
+``docker://<container>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+#: The longest line a feed passes on; a longer one is dropped whole and counted. Every log
+#: line a probe reads (Ollama's server config line is ~2 KB) is far shorter.
+MAX_LINE_BYTES: Final = 64 * 1024
+
+OnLine = Callable[[bytes], None]
+
+
+class LogFeed(Protocol):
+    """A source of one engine's log lines, started and stopped by the backend's follower."""
+
+    def connect(self, on_line: OnLine) -> Deferred[None]:
+        """Deliver lines to ``on_line`` until the feed ends or breaks.
+
+        The Deferred fires (or fails) when the feed ends; cancelling it stops the feed.
+        """
+
+    def describe(self) -> str:
+        """Where the lines come from, for logs (never a line's content)."""
+
+
+class FeedUnavailable(ValueError):
+    """A log feed URL that names no feed this instance can read."""
+
+
+class LineSplitter:
+    """Bytes in, complete lines out; a line longer than ``limit`` is dropped whole and counted.
+
+    The partial last line is held until its newline arrives, at most ``limit`` bytes of it:
+    memory stays bounded however long a line grows.
+    """
+
+    def __init__(self, on_line: OnLine, limit: int = MAX_LINE_BYTES) -> None:
+        self._on_line = on_line
+        self._limit = limit
+        self._held = bytearray()
+        self._skipping = False  # inside a line already known to be too long
+        self.too_long = 0
+
+    def feed(self, data: bytes) -> None:
+        """Split ``data`` into lines, handing each complete one on."""
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                self._hold(data[start:])
+                return
+            self._hold(data[start:nl])
+            if not self._skipping:
+                line = bytes(self._held)
+                self._held.clear()
+                self._on_line(line[:-1] if line.endswith(b"\r") else line)
+            self._skipping = False
+            self._held.clear()
+            start = nl + 1
+
+    def _hold(self, part: bytes) -> None:
+        if self._skipping or not part:
+            return
+        if len(self._held) + len(part) > self._limit:
+            self._held.clear()
+            self._skipping = True
+            self.too_long += 1
+            return
+        self._held += part
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a partial line held (0 while skipping an overlong one)."""
+        return len(self._held)
+
+    def reset(self) -> None:
+        """Forget a partial line (the file it came from is gone)."""
+        self._held.clear()
+        self._skipping = False
+
+
+DockerFeeds = Callable[[str], LogFeed]
+
+
+def feed_for(url: str, clock: IReactorTime, docker: DockerFeeds | None = None) -> LogFeed:
+    """The feed a ``logs:`` URL names: ``file:///path`` or ``docker://<container>``.
+
+    ``docker`` builds a container's feed (Docker discovery supplies it); without it a
+    ``docker://`` URL is refused by name.
+    """
+    scheme, sep, target = url.partition("://")
+    if sep and scheme == "file" and target.startswith("/"):
+        from pharos.discovery.logfile import FileFeed
+
+        return FileFeed(target, clock)
+    if sep and scheme == "docker" and target:
+        if docker is None:
+            raise FeedUnavailable(f"{url}: no Docker engine to read container logs from")
+        return docker(target)
+    raise FeedUnavailable(f"{url}: expected file:///<absolute path> or docker://<container>")
