@@ -15,9 +15,10 @@ engine cached far less than predicted) or forgets it (an error reply), counting 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred, fail
@@ -33,6 +34,7 @@ from pharos.prefix import (
     Chain,
     Match,
     PrefixIndex,
+    PrefixOp,
     Source,
     classify,
     drop_oldest,
@@ -89,6 +91,43 @@ SESSIONS = 100_000
 SHARED_CACHE_KINDS = frozenset({"vllm"})
 #: A root prefix shorter than this (estimated tokens) is not worth spreading.
 HOT_MIN_TOKENS = 256
+#: A peer's gauges count until it has been silent this long (spec §8, §12).
+PEER_SILENCE_SEC = 2.0
+#: Entries one peer's gauges may hold (targets plus models): far above any fleet, so a peer
+#: sending more is broken or hostile and its report is refused.
+MAX_GAUGE_ENTRIES = 10_000
+
+
+class GaugeError(ValueError):
+    """A peer's gauges are malformed (what is wrong is in the message)."""
+
+
+def _gauge_counts(raw: object, name: str) -> dict[str, int]:
+    """One ``{name: count}`` part of a peer's gauges, checked: strings to non-negative ints."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise GaugeError(f"gauges.{name}: expected an object, got {type(raw).__name__}")
+    if len(raw) > MAX_GAUGE_ENTRIES:
+        raise GaugeError(f"gauges.{name}: {len(raw)} entries, more than {MAX_GAUGE_ENTRIES}")
+    out: dict[str, int] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or type(v) is not int or v < 0:
+            raise GaugeError(f"gauges.{name}: expected names to non-negative integers, got "
+                             f"{k!r}: {v!r}")
+        if v:
+            out[k] = v
+    return out
+
+
+@dataclass(slots=True)
+class PeerGauges:
+    """One peer's last report (spec §8): its in-flight requests per target key and waiters per
+    model, and when (on this process's clock) it arrived."""
+
+    heard_at: float
+    inflight: dict[str, int]
+    waiting: dict[str, int]
 
 
 class UnknownModel(Exception):
@@ -274,6 +313,17 @@ class Scheduler:
         self.waiting_since: float | None = None
         #: Leases the watchdog found stuck (held past the drain timeout, no byte moving).
         self.stuck = 0
+        #: Told of every prefix record and correction this process makes, for the peers
+        #: (``PeerNode.push``: appends to bounded lists, never waits).
+        self.on_prefix: Callable[[PrefixOp], None] | None = None
+        #: Peers' last gauges by origin, and their sums over the live ones by target id and
+        #: by model (recomputed when a report arrives or goes stale, not per decision).
+        self.peers: dict[str, PeerGauges] = {}
+        self._peer_inflight: dict[int, int] = {}
+        self._peer_waiting: dict[str, int] = {}
+        self._peer_until = math.inf  # when the first live report goes stale
+        self._peer_since = -math.inf  # the clock when the sums were made (a clock that jumps)
+        self._key_ids: dict[str, int] = {}
 
     # --- admission -----------------------------------------------------------------------
 
@@ -442,7 +492,9 @@ class Scheduler:
         self.unqueue(lease)
         t = lease.target
         if lease.chain and t.backend.kind in SHARED_CACHE_KINDS:
-            self.index.record(lease.chain, t.id, t.gen, self.state.clock.seconds())
+            now = self.state.clock.seconds()
+            self.index.record(lease.chain, t.id, t.gen, now)
+            self._push(lease.chain, t, now, False)
         self.kick()
 
     def learn(self, lease: Lease, sample: Sample) -> None:
@@ -452,8 +504,10 @@ class Scheduler:
         if not chain:
             return
         t = lease.target
+        now = self.state.clock.seconds()
         if not sample.ok:
             self.index.forget(chain, t.id)
+            self._push(chain, t, now, True)
             return
         if sample.control:
             return
@@ -467,8 +521,88 @@ class Scheduler:
             self.predictions[(lease.source, outcome)] += 1
         if outcome == "wrong_prediction":
             self.index.correct(chain, t.id)
+            self._push(chain, t, now, True)
         else:
-            self.index.record(chain, t.id, t.gen, self.state.clock.seconds())
+            self.index.record(chain, t.id, t.gen, now)
+            self._push(chain, t, now, False)
+
+    def _push(self, chain: Chain, t: Target, now: float, remove: bool) -> None:
+        """Hand a record or correction to the peers (hashes and a target key: no text)."""
+        if self.on_prefix is not None:
+            self.on_prefix(PrefixOp(t.key, chain.keys, now, remove))
+
+    # --- gauges for peers (spec §8, §12) --------------------------------------------------
+
+    def export_gauges(self) -> dict[str, dict[str, int]]:
+        """This process's own gauges, absolute: in-flight requests per target key, waiters
+        per model."""
+        return {"inflight": {t.key: t.inflight for t in self.state.targets if t.inflight > 0},
+                "waiting": dict(self._waiting_models)}
+
+    def merge_gauges(self, origin: str, gauges: Mapping[str, object], now: float) -> None:
+        """A peer's report replaces its previous one; raises ``GaugeError`` (and keeps the
+        previous report) when it is malformed. Targets this process has not seen yet are
+        kept by key and count once they appear. A freed slot re-runs the queue."""
+        inflight = _gauge_counts(gauges.get("inflight"), "inflight")
+        waiting = _gauge_counts(gauges.get("waiting"), "waiting")
+        self.peers[origin] = PeerGauges(now, inflight, waiting)
+        self._peer_until = -math.inf
+        self.kick()
+
+    def forget(self, origin: str) -> None:
+        """Drop a peer's gauges at once (it said it is leaving)."""
+        if self.peers.pop(origin, None) is not None:
+            self._peer_until = -math.inf
+            self.kick()
+
+    def peer_inflight(self, target_id: int) -> int:
+        """Live peers' in-flight requests on a target."""
+        self._refresh_peers()
+        return self._peer_inflight.get(target_id, 0)
+
+    def peer_waiting(self, model: str) -> int:
+        """Live peers' waiters for a model."""
+        self._refresh_peers()
+        return self._peer_waiting.get(model, 0)
+
+    def target_id(self, key: str) -> int | None:
+        """The id of the target a peer names by key; None for one not seen here yet."""
+        targets = self.state.targets
+        if len(self._key_ids) != len(targets):
+            self._key_ids = {t.key: t.id for t in targets}
+        return self._key_ids.get(key)
+
+    def merge_prefix(self, ops: list[PrefixOp], now: float) -> int:
+        """Apply a peer's prefix ops as local records and corrections (``PrefixIndex.merge``);
+        returns how many were dropped (targets not known here)."""
+        return self.index.merge(ops, self.target_id, self._gen, now, source="peer")
+
+    def _refresh_peers(self) -> None:
+        """Re-sum the live peers' gauges when one went stale, a report arrived, a target
+        appeared, or the clock went back; a peer silent ``PEER_SILENCE_SEC`` is dropped."""
+        now = self.state.clock.seconds()
+        if (self._peer_since <= now < self._peer_until
+                and len(self._key_ids) == len(self.state.targets)):
+            return
+        inflight: dict[int, int] = {}
+        waiting: dict[str, int] = {}
+        until = math.inf
+        for origin, g in list(self.peers.items()):
+            if g.heard_at > now:
+                g.heard_at = now  # the clock went back: silence counts from now
+            if now - g.heard_at >= PEER_SILENCE_SEC:
+                del self.peers[origin]
+                continue
+            until = min(until, g.heard_at + PEER_SILENCE_SEC)
+            for key, n in g.inflight.items():
+                tid = self.target_id(key)
+                if tid is not None:
+                    inflight[tid] = inflight.get(tid, 0) + n
+            for model, n in g.waiting.items():
+                waiting[model] = waiting.get(model, 0) + n
+        self.target_id("")  # the key map as of now: a new target re-sums
+        self._peer_inflight, self._peer_waiting = inflight, waiting
+        self._peer_until, self._peer_since = until, now
 
     def _fail_later(self, w: _Waiter, e: Exception) -> None:
         """A waiter whose model no up backend serves any more fails instead of waiting."""
@@ -478,6 +612,9 @@ class Scheduler:
     def decide(self, req: SchedRequest, targets: list[Target]) -> Placement:
         """The policy's decision over the candidates as they are now (no state changes)."""
         queued = self._waiting_models.get(req.model, 0)
+        if self.peers:
+            self._refresh_peers()
+            queued += self._peer_waiting.get(req.model, 0)
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         stale = self._evicted_since(req, matches) if matches else ()
         cands = []
@@ -678,11 +815,13 @@ class Scheduler:
         if engine_running is not None and engine_running > MAX_PLAUSIBLE_CAPACITY:
             engine_running = None  # no engine runs that many: unknown this round, not "full"
         engine_waiting = v.waiting if v.load_fresh else None
-        occupied = max(t.inflight, engine_running or 0)
+        # Occupancy counts everyone (spec §8): ours, live peers', or the engine's own count.
+        inflight = t.inflight + self.peer_inflight(t.id) if self.peers else t.inflight
+        occupied = max(inflight, engine_running or 0)
         capacity = v.capacity or t.backend.spec.capacity or t.learned_capacity
         if capacity is None:
             capacity = self.default_capacity
-            saturated = (engine_waiting or 0) > 0 or t.inflight >= capacity
+            saturated = (engine_waiting or 0) > 0 or inflight >= capacity
             free = 0 if saturated else capacity - occupied
         else:
             free = capacity - occupied
@@ -704,7 +843,7 @@ class Scheduler:
             service_sec=t.stats.service_sec.value,
             fits_if_cold=self._fits_if_cold(t, v.size_bytes) if warm is False else None,
             loading=loading,
-            inflight=t.inflight,
+            inflight=inflight,
             queued_prefill_sec=t.queued_prefill,
             kv_free_tokens=self._kv_free(t, v),
         )

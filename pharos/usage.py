@@ -52,6 +52,10 @@ DEFAULT_COMPLETION_ESTIMATE: Final = 1024
 MAX_ESTIMATE: Final = 2**53 - 1
 #: Minute cells kept: the current minute and the one before (all the window reads).
 MINUTE_CELLS_KEPT: Final = 2
+#: A peer's reservations count until it has been silent this long (spec §8, §12: gauges).
+PEER_SILENCE_SEC: Final = 2.0
+#: Names one peer's reservations may hold: far above any key set, so more is refused.
+MAX_RESERVED_NAMES: Final = 10_000
 #: Counted fields of a cell, in the order of exports, rows and CSV columns.
 COUNT_FIELDS: Final = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens",
                        "unmetered")
@@ -271,6 +275,35 @@ def parse_cell(raw: Mapping[str, object]) -> tuple[CellKey, Counts]:
     return cell, Counts(*(_count(raw, name) for name in COUNT_FIELDS))
 
 
+@dataclass(slots=True)
+class PeerReserved:
+    """A peer's open reservations for ``day`` (tokens per key and per tenant), as last
+    reported, and when (this process's clock) the report arrived."""
+
+    heard_at: float
+    day: int
+    keys: dict[str, int]
+    tenants: dict[str, int]
+
+
+def _reserved_names(raw: object, name: str) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"reserved.{name}: expected an object, got {type(raw).__name__}")
+    if len(raw) > MAX_RESERVED_NAMES:
+        raise ValueError(f"reserved.{name}: {len(raw)} entries, more than "
+                         f"{MAX_RESERVED_NAMES}")
+    out: dict[str, int] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or type(v) is not int or not 0 <= v <= MAX_ESTIMATE:
+            raise ValueError(f"reserved.{name}: expected names to non-negative integers, "
+                             f"got {k!r}: {v!r}")
+        if v:
+            out[k] = v
+    return out
+
+
 class Ledger:
     """This process's usage cells, copies of its peers', and its open reservations.
 
@@ -296,6 +329,8 @@ class Ledger:
         # (day, key or tenant) -> tokens held by open reservations.
         self._key_reserved: dict[tuple[int, str], int] = {}
         self._tenant_reserved: dict[tuple[int, str], int] = {}
+        #: Peers' open reservations by origin (their in-flight requests' held tokens).
+        self.peers: dict[str, PeerReserved] = {}
         self._day: int | None = None
         self._day_start = math.inf
         self._day_end = -math.inf
@@ -454,7 +489,8 @@ class Ledger:
                 continue
             if tokens > limit:
                 return Refusal(budget, None)
-            if spent.get((day, name), 0) + held.get((day, name), 0) + tokens > limit:
+            theirs = self._peers_reserved(day, budget, name) if self.peers else 0
+            if spent.get((day, name), 0) + held.get((day, name), 0) + theirs + tokens > limit:
                 return Refusal(budget, max(1.0, self._day_end - self.clock.seconds()))
         _bump(self._key_reserved, (day, key), tokens)
         _bump(self._tenant_reserved, (day, tenant), tokens)
@@ -492,6 +528,75 @@ class Ledger:
                            completion_tokens=completion_tokens)
         self._add(Kind.DAY, self._today(), reservation.key, reservation.tenant, model, delta)
         return True
+
+    # -- peers' reservations (spec §11, §12) ---------------------------------------------
+
+    def export_reserved(self) -> dict[str, object]:
+        """This process's open reservations for today, absolute: tokens per key and per
+        tenant (a peer's gauges, so connected instances count each other's in-flight
+        requests against a budget)."""
+        day = self._today()
+        return {"day": day,
+                "keys": {k: n for (d, k), n in self._key_reserved.items() if d == day},
+                "tenants": {t: n for (d, t), n in self._tenant_reserved.items() if d == day}}
+
+    def merge_reserved(self, origin: str, raw: object, now: float) -> None:
+        """A peer's reservations replace its previous report; ``ValueError`` (the previous
+        report kept) when malformed. They count until the peer is silent
+        ``PEER_SILENCE_SEC``."""
+        if raw is None:
+            self.peers.pop(origin, None)
+            return
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"reserved: expected an object, got {type(raw).__name__}")
+        day = raw.get("day")
+        if type(day) is not int:
+            raise ValueError(f"reserved.day: expected an integer, got {day!r}")
+        self.peers[origin] = PeerReserved(now, day, _reserved_names(raw.get("keys"), "keys"),
+                                          _reserved_names(raw.get("tenants"), "tenants"))
+
+    def forget_reserved(self, origin: str) -> None:
+        """Drop a peer's reservations at once (it is leaving)."""
+        self.peers.pop(origin, None)
+
+    def peers_reserved(self, *, key: str | None = None, tenant: str | None = None) -> int:
+        """Tokens live peers hold today for a key or a tenant."""
+        if key is not None:
+            return self._peers_reserved(self._today(), "key", key)
+        if tenant is not None:
+            return self._peers_reserved(self._today(), "tenant", tenant)
+        raise TypeError("name a key or a tenant")
+
+    def _peers_reserved(self, day: int, budget: Budget, name: str) -> int:
+        now = self.clock.seconds()
+        total = 0
+        for origin, p in list(self.peers.items()):
+            if p.heard_at > now:
+                p.heard_at = now  # the clock went back: silence counts from now
+            if now - p.heard_at >= PEER_SILENCE_SEC:
+                del self.peers[origin]
+                continue
+            if p.day == day:
+                total += (p.keys if budget == "key" else p.tenants).get(name, 0)
+        return total
+
+    def export_recent(self) -> list[Row]:
+        """This process's own cells a delta carries (spec §12): Day cells of today and
+        yesterday, Minute cells of the current and previous minute; absolute counts, so a
+        lost delta is repaired by the next."""
+        today, minute = self._today(), self._this_minute()
+        out: list[Row] = []
+        for bucket in ((Kind.DAY, today - 1), (Kind.DAY, today), (Kind.MINUTE, minute - 1),
+                       (Kind.MINUTE, minute)):
+            for cell in sorted(self._buckets.get(bucket, ()), key=CellKey.sort_key):
+                if cell.origin != self.origin:
+                    continue
+                counts = self._cells[cell]
+                out.append({"origin": cell.origin, "kind": cell.kind.value,
+                            "bucket": cell.bucket, "key": cell.key, "tenant": cell.tenant,
+                            "model": cell.model,
+                            **{name: getattr(counts, name) for name in COUNT_FIELDS}})
+        return out
 
     # -- history -----------------------------------------------------------------------
 
