@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal, TypeAlias, TypeGuard, TypeVar, get_args
+from typing import Any, Final, Literal, TypeAlias, TypeGuard, TypeVar, get_args
 
 import yaml
 
@@ -77,9 +77,19 @@ DEFAULT_REQUEST_HEADERS: Final = 10.0
 #: Requests waiting this long with none starting and no lease given back: /healthz is 503.
 DEFAULT_QUEUE_STUCK: Final = 300.0
 
-#: Top-level fields a reload applies without a restart (§10 hot reload); every other field,
-#: including any added later, is reported as needing a restart, which is the safe side.
-LIVE_FIELDS: Final = frozenset({"backends", "keys", "tenants"})
+#: Fields a reload applies without a restart (§10 hot reload): a whole top-level section, or
+#: ``section.field`` for a section only part of which can change under a running service (the
+#: routing guards are read afresh by every pick; the prefix index's size is fixed when it is
+#: built; the data-plane timeouts are read by every new request, the header deadline is held by
+#: the listening site). Every other field, including any added later, is reported as needing a
+#: restart, which is the safe side. Quotas and fair-queue weights ride on keys and tenants.
+LIVE_FIELDS: Final = frozenset({
+    "backends", "keys", "tenants",
+    "routing.bounded_load_epsilon", "routing.kv_pressure_threshold",
+    "routing.hot_prefix_utilization", "routing.session_affinity", "routing.eviction_pricing",
+    "timeouts.first_byte_generate", "timeouts.first_byte_embeddings", "timeouts.stream_idle",
+    "timeouts.queue_stuck",
+})
 
 #: Sections parsed (so their errors are reported) but refused until their feature exists.
 NOT_YET: Final = {
@@ -400,14 +410,58 @@ def parse_config(text: str, *, library_names: frozenset[str] | None = None,
 
 
 def reload_diff(old: Config, new: Config) -> tuple[list[str], list[str]]:
-    """The changed top-level fields as (applied live, needing a restart), in file order, for the
-    reload log line (§10 hot reload)."""
+    """The changed fields as (applied live, needing a restart), in file order (§10 hot reload):
+    a top-level name, or ``section.field`` inside a section that is only partly live."""
     live: list[str] = []
     restart: list[str] = []
     for f in dataclasses.fields(Config):
-        if getattr(old, f.name) != getattr(new, f.name):
-            (live if f.name in LIVE_FIELDS else restart).append(f.name)
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a == b:
+            continue
+        if f.name in LIVE_FIELDS:
+            live.append(f.name)
+        elif _partly_live(f.name) and dataclasses.is_dataclass(a) and type(a) is type(b):
+            for sub in dataclasses.fields(a):
+                if getattr(a, sub.name) != getattr(b, sub.name):
+                    name = f"{f.name}.{sub.name}"
+                    (live if name in LIVE_FIELDS else restart).append(name)
+        else:
+            restart.append(f.name)
     return live, restart
+
+
+def _partly_live(section: str) -> bool:
+    return any(name.startswith(section + ".") for name in LIVE_FIELDS)
+
+
+def with_live(running: Config, new: Config, live: Collection[str]) -> Config:
+    """``running`` with the ``live`` fields of ``reload_diff`` taken from ``new``: what a
+    reload puts in force (everything else stays as it runs until a restart)."""
+    top: dict[str, Any] = {}
+    for name in live:
+        section, _, sub = name.partition(".")
+        if not sub:
+            top[section] = getattr(new, section)
+            continue
+        base = top.get(section, getattr(running, section))
+        top[section] = dataclasses.replace(base,
+                                           **{sub: getattr(getattr(new, section), sub)})
+    return dataclasses.replace(running, **top)
+
+
+@dataclass(frozen=True, slots=True)
+class Reloaded:
+    """What one reload did: the fields applied live and those needing a restart (names as
+    ``reload_diff`` gives them), or the file's errors (then nothing was applied)."""
+
+    applied: tuple[str, ...] = ()
+    restart: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """Whether the file differs from the running config at all."""
+        return bool(self.applied or self.restart)
 
 
 class _Loader(yaml.SafeLoader):

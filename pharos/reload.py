@@ -1,32 +1,42 @@
 """Hot reload (spec §10): the config file is read again when its modification time changes
-(checked every ``RELOAD_EVERY`` seconds). Keys, tenants and static backends apply live; any
-other changed field is logged as needing a restart; a file that does not parse is logged with
-every error and the running config stays.
+(checked every ``RELOAD_EVERY`` seconds), at once on SIGHUP, and when an admin asks
+(``POST /admin/reload``). The live fields (``config.LIVE_FIELDS``: keys, tenants, static
+backends, routing guards, data-plane timeouts) apply; any other changed field is logged as
+needing a restart; a file that does not parse is logged with every error and the running
+config stays.
 
 The check is a ``stat`` every 10 s on the reactor thread (microseconds, off the request
-path); the read and parse run only when the file changed.
+path); the read and parse run only when the file changed or a reload is asked for.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import signal
+import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from twisted.application.internet import TimerService
+from twisted.application.service import Service
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 
-from pharos.config import Config, ConfigError, load_config, reload_diff
+from pharos.config import Config, ConfigError, Reloaded, load_config, reload_diff, with_live
 
 log = Logger()
 
 #: Seconds between checks of the config file's modification time (spec §10).
 RELOAD_EVERY = 10.0
 
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
 
 class ConfigWatcher(TimerService):
-    """Re-reads ``path`` when it changes and hands the new config to ``apply`` (which takes
-    the live fields); ``current`` is the config in force."""
+    """Re-reads ``path`` when it changes (or when told to) and hands the config to put in
+    force to ``apply``: ``current`` with the changed live fields; ``current`` is the config
+    in force."""
 
     def __init__(self, path: str, current: Config, apply: Callable[[Config], None],
                  interval: float = RELOAD_EVERY) -> None:
@@ -44,25 +54,83 @@ class ConfigWatcher(TimerService):
         return st.st_mtime, st.st_size
 
     def check(self) -> bool:
-        """One check; True when a new config was applied."""
+        """The timer's check: reload when the file's mtime or size changed; True when a new
+        config was applied."""
         stamp = self._stat()
         if stamp is None or stamp == self._stamp:
             return False
-        self._stamp = stamp
+        try:
+            return bool(self.reload().applied)
+        except Exception:  # a raising call would stop the TimerService for good
+            log.failure("config {path}: applying the reloaded config failed", path=self.path)
+            return False
+
+    def reload(self) -> Reloaded:
+        """Read the file now, changed or not (SIGHUP, ``/admin/reload``), and apply its live
+        fields; what happened, for the caller to show."""
+        self._stamp = self._stat()
         try:
             new = load_config(self.path)
         except ConfigError as e:
             log.error("config {path} not reloaded, the running config stays:\n{errors}",
                       path=self.path, errors=str(e))
-            return False
+            return Reloaded(errors=tuple(e.errors))
         live, restart = reload_diff(self.current, new)
         if restart:
             log.warn("config {path}: {fields} changed and need a restart; not applied",
                      path=self.path, fields=", ".join(restart))
-        if not live:
-            return False
-        applied = dataclasses.replace(self.current, **{f: getattr(new, f) for f in live})
-        self.apply(applied)
-        self.current = applied
-        log.info("config {path} reloaded: {fields}", path=self.path, fields=", ".join(live))
-        return True
+        if live:
+            applied = with_live(self.current, new, live)
+            self.apply(applied)
+            self.current = applied
+            log.info("config {path} reloaded: {fields}", path=self.path, fields=", ".join(live))
+        elif not restart:
+            log.info("config {path} read again: nothing changed", path=self.path)
+        return Reloaded(applied=tuple(live), restart=tuple(restart))
+
+
+class Sighup(Service):
+    """SIGHUP calls ``reload`` on the reactor thread while this service runs.
+
+    The handler only schedules (``callFromThread``, the same way Twisted's own SIGINT handler
+    stops the reactor): a signal arrives between any two bytecodes, and the reload touches
+    state the reactor owns. twistd and the reactor handle INT, TERM, CHLD and USR1 (log
+    rotation) and leave HUP alone; whatever handler was there before (the default ends the
+    process) comes back when the service stops, unless someone replaced ours meanwhile.
+    Nothing is installed off the main thread (``signal.signal`` works only there) or where
+    the platform has no SIGHUP."""
+
+    def __init__(self, reactor: IReactorFromThreads, reload: Callable[[], object]) -> None:
+        self.reactor = reactor
+        self.reload = reload
+        self._previous: _Handler = None
+        self._installed = False
+
+    def startService(self) -> None:
+        super().startService()
+        hup = getattr(signal, "SIGHUP", None)
+        if hup is None or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(hup, self._handle)
+        self._installed = True
+
+    def stopService(self) -> None:
+        super().stopService()
+        if not self._installed:
+            return
+        self._installed = False
+        if signal.getsignal(signal.SIGHUP) == self._handle:
+            # None: a handler not installed from Python; the default is the nearest.
+            previous = signal.SIG_DFL if self._previous is None else self._previous
+            signal.signal(signal.SIGHUP, previous)
+        self._previous = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.reactor.callFromThread(self._reload)
+
+    def _reload(self) -> None:
+        log.info("SIGHUP: reading the config file again")
+        try:
+            self.reload()
+        except Exception:
+            log.failure("reload on SIGHUP failed; the running config stays")

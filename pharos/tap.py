@@ -27,7 +27,7 @@ from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
-from pharos.reload import ConfigWatcher
+from pharos.reload import ConfigWatcher, Sighup
 from pharos.sched import Guards, Scheduler
 from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
@@ -95,13 +95,9 @@ class PharosService(MultiService):
         self.pool.cachedConnectionTimeout = POOL_IDLE_SEC
         self.client = make_client(reactor, self.pool)
         self.state = State(reactor, self.client, load_interval=load_interval)
-        r = config.routing
-        policy = PolicyConfig(name=config.policy, kv_pressure_threshold=r.kv_pressure_threshold,
-                              bounded_load_epsilon=r.bounded_load_epsilon,
-                              session_affinity=r.session_affinity)
-        self.sched = Scheduler(self.state, policy, index=PrefixIndex(r.prefix_entries),
-                               guards=Guards(hot_prefix_utilization=r.hot_prefix_utilization,
-                                             eviction_pricing=r.eviction_pricing))
+        policy, guards = _routing(config)
+        self.sched = Scheduler(self.state, policy,
+                               index=PrefixIndex(config.routing.prefix_entries), guards=guards)
         self.state.on_round = self._round
         u = config.usage
         #: Usage cells and quotas; the origin is this process until the state file keeps one.
@@ -131,16 +127,26 @@ class PharosService(MultiService):
         self.state.on_down = self.public.backend_down
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
+        #: Hot reload (§10): the file watched, SIGHUP and ``POST /admin/reload``; None
+        #: without a config file (the demo, tests).
+        self.watcher: ConfigWatcher | None = None
         if config_path is not None:
-            watcher = ConfigWatcher(config_path, config, self.reconfigure)
-            watcher.clock = reactor
-            watcher.setServiceParent(self)
+            self.watcher = ConfigWatcher(config_path, config, self.reconfigure)
+            self.watcher.clock = reactor
+            self.watcher.setServiceParent(self)
+            Sighup(reactor, self.watcher.reload).setServiceParent(self)
+            self.public.reload_config = self.watcher.reload
 
     def reconfigure(self, config: Config) -> None:
-        """Apply a reloaded config's live fields: the key set is swapped whole (a request
-        sees the old set or the new one, never a mix), backends are added and removed."""
+        """Apply a reloaded config's live fields (``config.LIVE_FIELDS``). Each is swapped
+        whole, so a request sees the old value or the new one, never a mix: the key set (with
+        its quotas and tenants), the policy's config and the scheduler's guards (read afresh
+        by every pick), the timeouts (read by every new request); backends are added, removed
+        and re-resolved (a changed spec), and requests in flight keep their engine."""
         self.config = config
         self.public.keyring = Keyring(config.keys, config.tenants)
+        self.sched.policy, self.sched.guards = _routing(config)
+        self.public.timeouts = config.timeouts
         if self.running:
             self.state.set_backends(config.backends)
 
@@ -175,6 +181,17 @@ class PharosService(MultiService):
             await self.journal.close()
         if self.decision_log is not None:
             await self.decision_log.close()
+
+
+def _routing(config: Config) -> tuple[PolicyConfig, Guards]:
+    """The policy's config and the scheduler's guards from ``policy:`` and ``routing:``."""
+    r = config.routing
+    policy = PolicyConfig(name=config.policy, kv_pressure_threshold=r.kv_pressure_threshold,
+                          bounded_load_epsilon=r.bounded_load_epsilon,
+                          session_affinity=r.session_affinity)
+    guards = Guards(hot_prefix_utilization=r.hot_prefix_utilization,
+                    eviction_pricing=r.eviction_pricing)
+    return policy, guards
 
 
 class WithMetrics(Resource):

@@ -27,7 +27,7 @@ from twisted.web.iweb import IRequest, IResponse
 from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from pharos.config import Timeouts
+from pharos.config import Reloaded, Timeouts
 from pharos.engine.library import OLLAMA
 from pharos.proxy import errors
 from pharos.proxy.admission import Admission
@@ -99,6 +99,8 @@ class PublicAPI:
         #: The decision log (``observability.decision_log``), if configured.
         self.decision_log: DecisionSink | None = None
         self.on_done: list[Callable[[Done], object]] = []
+        #: Reads the config file again (``pharos.reload``); None without a config file.
+        self.reload_config: Callable[[], Reloaded] | None = None
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -345,6 +347,27 @@ class PublicAPI:
         parsed = self._parse(request, path)
         doc = explain(self.sched, path, parsed, _session(request, parsed), self.seed())
         return _json(request, 200, doc)
+
+    # --- reload ----------------------------------------------------------------------------
+
+    @app.route("/admin/reload", methods=["POST"])
+    def reload(self, request: Request) -> bytes:
+        """Read the config file again now (admin; spec §10): 200 naming the fields applied
+        live and those needing a restart (both empty: nothing changed); 422 with every error
+        when the file does not parse (the running config stays); 409 without a file."""
+        self._admin(request)
+        if self.reload_config is None:
+            raise ApiError(409, "Pharos runs without a config file: nothing to reload",
+                           code="no_config_file")
+        done = self.reload_config()
+        if done.errors:
+            return _json(request, 422, {"error": {
+                "message": f"the config file has {len(done.errors)} error(s) and was not "
+                           f"reloaded; the running config stays",
+                "type": "invalid_request_error", "param": None, "code": "invalid_config"},
+                "errors": list(done.errors)})
+        return _json(request, 200, {"changed": done.changed, "applied": list(done.applied),
+                                    "needs_restart": list(done.restart)})
 
     # --- the data plane --------------------------------------------------------------------
 

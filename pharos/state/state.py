@@ -105,8 +105,10 @@ class State:
         scraping, removed ones stop (and are kept for a while in case they come back)."""
         wanted = {s.url: s for s in specs}
         for url in list(self.backends):
-            if url not in wanted or wanted[url] != self.backends[url].spec:
+            if url not in wanted:
                 self._remove(url)
+            elif wanted[url] != self.backends[url].spec:
+                self._respec(self.backends[url], wanted[url])
         for url, spec in wanted.items():
             if url in self.backends:
                 continue
@@ -120,6 +122,17 @@ class State:
         if self._first_set is None:
             self._first_set = set(wanted)
             self._check_ready()
+
+    def _respec(self, b: BackendState, spec: BackendSpec) -> None:
+        """A changed spec (own probes, kind, aliases, capacity: a reload) is resolved again by
+        a new scraper; the backend keeps its targets, stats and requests in flight, and serves
+        on its last round until the new plan's first round replaces it (removing it would
+        leave its models unserved until then)."""
+        b.spec = spec
+        self._scrapers.pop(b.url).disownServiceParent()
+        scraper = Scraper(self, b)
+        self._scrapers[b.url] = scraper
+        scraper.setServiceParent(self.service)
 
     def _remove(self, url: str) -> None:
         b = self.backends.pop(url)

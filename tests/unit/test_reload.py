@@ -1,17 +1,35 @@
-"""Layer 1: hot reload (spec §10): the config file is read again when it changes; keys,
-tenants and backends apply live, other fields wait for a restart, a bad file changes
-nothing."""
+"""Layer 1: hot reload (spec §10): the config file is read again when it changes, on SIGHUP
+and when asked; keys, tenants, backends, routing guards and timeouts apply live, other fields
+wait for a restart, a bad file changes nothing."""
 
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from twisted.internet.task import Clock
 
-from pharos.config import Config, load_config
+from pharos.config import (
+    Config,
+    DecisionLogConfig,
+    Drain,
+    Observability,
+    OwnProbe,
+    PromSpec,
+    Reloaded,
+    Routing,
+    Timeouts,
+    Usage,
+    load_config,
+    reload_diff,
+    with_live,
+)
+from pharos.engine.signals import Signal
 from pharos.proxy.auth import digest
-from pharos.reload import RELOAD_EVERY, ConfigWatcher
+from pharos.reload import RELOAD_EVERY, ConfigWatcher, Sighup
+from tests.unit.test_state import make, ollama, spec
 
 A, B = digest("phk-a"), digest("phk-b")
 
@@ -72,3 +90,139 @@ def test_fields_that_need_a_restart_are_not_applied(tmp_path: Path) -> None:
     clock.advance(RELOAD_EVERY)
     assert len(applied) == 1  # only a restart field changed: nothing to apply
     w.stopService()
+
+
+def test_a_forced_reload_reads_an_unchanged_mtime(tmp_path: Path) -> None:
+    """reload() (SIGHUP, /admin/reload) reads the file even when its mtime and size did not
+    change, and says what it applied; read again unchanged, it says nothing changed."""
+    w, path, applied, clock = watcher(tmp_path)
+    write(path, f"keys: [{{name: b, sha256: {A}}}]\n", 1000)  # same size, same mtime
+    clock.advance(RELOAD_EVERY)
+    assert applied == []
+    done = w.reload()
+    assert done == Reloaded(applied=("keys",)) and done.changed
+    assert [k.name for k in applied[-1].keys] == ["b"]
+    again = w.reload()
+    assert again == Reloaded() and not again.changed
+    w.stopService()
+
+
+def test_a_forced_reload_of_a_bad_file_returns_every_error(tmp_path: Path) -> None:
+    """A file with two mistakes: both errors come back, nothing is applied, and the timer
+    does not apply it later either."""
+    w, path, applied, clock = watcher(tmp_path)
+    before = w.current
+    write(path, "keys: [{name: a}]\npolicy: fastest\n", 2000)
+    done = w.reload()
+    assert len(done.errors) == 2 and not done.changed
+    assert any("policy" in e for e in done.errors)
+    clock.advance(RELOAD_EVERY)
+    assert applied == [] and w.current is before
+    w.stopService()
+
+
+def test_routing_guards_apply_live_and_the_index_size_waits(tmp_path: Path) -> None:
+    """The routing guards are live field by field; the prefix index's size needs a restart
+    and keeps its running value while the guards beside it apply."""
+    w, path, applied, clock = watcher(tmp_path)
+    write(path, f"keys: [{{name: a, sha256: {A}}}]\nrouting: {{kv_pressure_threshold: 0.5, "
+                f"bounded_load_epsilon: null, session_affinity: false, prefix_entries: 7}}\n",
+          2000)
+    done = w.reload()
+    assert done.applied == ("routing.bounded_load_epsilon", "routing.kv_pressure_threshold",
+                            "routing.session_affinity")
+    assert done.restart == ("routing.prefix_entries",)
+    r = applied[-1].routing
+    assert (r.kv_pressure_threshold, r.bounded_load_epsilon, r.session_affinity) == (
+        0.5, None, False)
+    assert r.prefix_entries == Routing().prefix_entries
+    w.stopService()
+
+
+def test_reload_diff_names_live_and_restart_fields() -> None:
+    """Timeouts are live except the header deadline (the listening site holds it); usage,
+    observability and drain need a restart; with_live takes only the live ones."""
+    old = Config()
+    new = Config(timeouts=Timeouts(stream_idle=5.0, request_headers=3.0),
+                 usage=Usage(retention_days=10), drain=Drain(grace=1.0),
+                 observability=Observability(DecisionLogConfig("/tmp/d.jsonl")))
+    live, restart = reload_diff(old, new)
+    assert live == ["timeouts.stream_idle"]
+    assert restart == ["usage", "drain", "observability", "timeouts.request_headers"]
+    running = with_live(old, new, live)
+    assert running.timeouts == Timeouts(stream_idle=5.0)
+    assert running.usage == old.usage and running.drain == old.drain
+
+
+class FakeReactor:
+    """Records what a signal handler schedules instead of running it."""
+
+    def __init__(self) -> None:
+        self.calls: list[Callable[[], object]] = []
+
+    def callFromThread(self, f: Callable[..., object], *args: object, **kw: object) -> None:
+        self.calls.append(lambda: f(*args, **kw))
+
+
+def test_sighup_schedules_a_reload_and_stopping_restores_the_handler(tmp_path: Path) -> None:
+    """While the service runs, SIGHUP only schedules the reload on the reactor thread (the
+    handler itself changes nothing); the scheduled call reloads an unchanged-mtime file;
+    stopping puts the previous handler back."""
+    w, path, applied, clock = watcher(tmp_path)
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGHUP, lambda n, f: seen.append(n))
+    try:
+        reactor = FakeReactor()
+        hup = Sighup(reactor, w.reload)  # type: ignore[arg-type]
+        hup.startService()
+        write(path, f"keys: [{{name: b, sha256: {A}}}]\n", 1000)
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert len(reactor.calls) == 1 and applied == [] and seen == []
+        reactor.calls[0]()
+        assert [k.name for k in applied[-1].keys] == ["b"]
+        hup.stopService()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert seen == [signal.SIGHUP] and len(reactor.calls) == 1
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        w.stopService()
+
+
+def test_a_bad_file_on_sighup_keeps_the_running_config(tmp_path: Path) -> None:
+    """A SIGHUP with a file that does not parse logs its errors and applies nothing."""
+    w, path, applied, clock = watcher(tmp_path)
+    before = w.current
+    reactor = FakeReactor()
+    hup = Sighup(reactor, w.reload)  # type: ignore[arg-type]
+    hup.startService()
+    try:
+        write(path, "keys: [{name: a, sha256: nothex}]\n", 2000)
+        os.kill(os.getpid(), signal.SIGHUP)
+        (call,) = reactor.calls
+        call()
+        assert applied == [] and w.current is before
+    finally:
+        hup.stopService()
+        w.stopService()
+
+
+def test_a_changed_backend_spec_re_resolves_and_keeps_serving() -> None:
+    """A backend whose own probes change keeps its state (targets, the last round) and stays
+    routable at once, and a new scraper resolves its plan again with the new probe."""
+    fake = ollama()
+    fake.answers["/own"] = (200, b"my_running 3\n")
+    state, clock, _ = make({"http://a:1": fake})
+    state.set_backends([spec()])
+    state.service.startService()
+    clock.advance(0.6)
+    b = state.backends["http://a:1"]
+    assert state.targets_for("a") and b.plan is not None
+    assert "my-running" not in [p.name for p in b.plan.active]
+    probe = OwnProbe("my-running", Signal.RUNNING, PromSpec("/own", "my_running"))
+    state.set_backends([spec(probes=(probe,))])
+    assert state.backends["http://a:1"] is b and b.spec.probes == (probe,)
+    assert [t.backend for t in state.targets_for("a")] == [b]
+    clock.advance(1.0)
+    assert b.plan is not None and "my-running" in [p.name for p in b.plan.active]
+    assert fake.gets["/own"] >= 1
+    state.service.stopService()
