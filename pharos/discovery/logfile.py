@@ -138,7 +138,8 @@ class FileFeed:
                 return
             self._schedule(0)
             return
-        self._schedule(0 if len(data) == self._chunk else self._interval)
+        # More is waiting (a full chunk, or an old file still being drained): read on at once.
+        self._schedule(0 if replaced or len(data) == self._chunk else self._interval)
 
     def _schedule(self, delay: float) -> None:
         self._call = self._clock.callLater(delay, self._read)
