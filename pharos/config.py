@@ -76,6 +76,8 @@ DEFAULT_STREAM_IDLE: Final = 120.0
 DEFAULT_REQUEST_HEADERS: Final = 10.0
 #: Requests waiting this long with none starting and no lease given back: /healthz is 503.
 DEFAULT_QUEUE_STUCK: Final = 300.0
+#: A ``dns:`` backend entry's name is resolved again this often (peers' re-resolve, §12).
+DEFAULT_DNS_REFRESH: Final = 10.0
 
 #: Fields a reload applies without a restart (§10 hot reload): a whole top-level section, or
 #: ``section.field`` for a section only part of which can change under a running service (the
@@ -84,7 +86,7 @@ DEFAULT_QUEUE_STUCK: Final = 300.0
 #: the listening site). Every other field, including any added later, is reported as needing a
 #: restart, which is the safe side. Quotas and fair-queue weights ride on keys and tenants.
 LIVE_FIELDS: Final = frozenset({
-    "backends", "keys", "tenants",
+    "backends", "dns_backends", "keys", "tenants",
     "routing.bounded_load_epsilon", "routing.kv_pressure_threshold",
     "routing.hot_prefix_utilization", "routing.session_affinity", "routing.eviction_pricing",
     "timeouts.first_byte_generate", "timeouts.first_byte_embeddings", "timeouts.stream_idle",
@@ -97,10 +99,8 @@ NOT_YET: Final = {
     "drain": "graceful drain comes with the availability issue",
     "peers": "the peer mesh comes with the availability issue",
 }
-#: A backend's fields refused likewise.
-BACKEND_NOT_YET: Final = {
-    "logs": "log-file and Docker log probes come with the log-feeds issue",
-}
+#: A backend's fields refused likewise (none left: ``logs:`` feeds its log probes).
+BACKEND_NOT_YET: Final[dict[str, str]] = {}
 
 #: Connections the kernel holds for Pharos to accept: Twisted's default of 50 dropped most of a
 #: burst of 1,000 clients (their connections reset or retried after seconds; the kernel caps it
@@ -259,6 +259,23 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class DnsBackends:
+    """A ``backends:`` entry with ``dns: NAME`` (a Kubernetes headless Service): every address
+    NAME resolves to is a backend, resolved again every ``refresh`` seconds. ``template`` holds
+    the members' settings; its ``url`` is empty."""
+
+    name: str
+    port: int
+    refresh: float = DEFAULT_DNS_REFRESH
+    template: Backend = Backend(url="")
+
+    def member(self, address: str) -> Backend:
+        """The backend at one resolved address (IPv6 in brackets)."""
+        host = f"[{address}]" if ":" in address else address
+        return dataclasses.replace(self.template, url=f"http://{host}:{self.port}")
+
+
+@dataclass(frozen=True, slots=True)
 class Key:
     """One API key, stored only as the SHA-256 of the secret; limits of ``None`` are unlimited
     and an empty ``models`` allows every model."""
@@ -361,6 +378,9 @@ class Config:
     listen: Listen = Listen(DEFAULT_LISTEN)
     policy: Policy = DEFAULT_POLICY
     backends: tuple[Backend, ...] = ()
+    #: ``backends:`` entries with ``dns:`` instead of ``url:``, kept apart: their members are
+    #: known only once resolved (pharos.discovery.dns).
+    dns_backends: tuple[DnsBackends, ...] = ()
     keys: tuple[Key, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     state_file: str | None = None
@@ -526,6 +546,31 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
+def backend_url(raw: object) -> str | None:
+    """``raw`` as a backend URL (absolute http or https, no query or fragment, no trailing
+    slash), or ``None`` when it is not one: the static list's rule, which Docker labels
+    (``pharos.url``) follow too."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        valid = (
+            parts.scheme in ("http", "https")
+            and bool(parts.hostname)
+            and (parts.port is None or parts.port > 0)
+            and not parts.query
+            and not parts.fragment
+        )
+    except ValueError:  # a port that isn't a number, a bracket left open
+        valid = False
+    return raw.rstrip("/") if valid else None
+
+
+def _is_dns_entry(item: object) -> bool:
+    """A ``backends:`` item naming a DNS name instead of a URL."""
+    return isinstance(item, dict) and "dns" in item
+
+
 def _at(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -658,6 +703,7 @@ class _Parser:
         if m.get("state_file") is not None:
             state_file = self.text(m["state_file"], "state_file", "a path")
         backends = self.backends(m.get("backends"))
+        dns_backends = self.dns_backends(m.get("backends"))
         keys = self.keys(m.get("keys"))
         tenants = self.tenants(m.get("tenants"))
         named = {t.name for t in tenants} | {DEFAULT_TENANT}
@@ -668,6 +714,7 @@ class _Parser:
             listen=listen,
             policy=policy,
             backends=backends,
+            dns_backends=dns_backends,
             keys=keys,
             tenants=tenants,
             state_file=state_file,
@@ -783,6 +830,8 @@ class _Parser:
         backends: list[Backend] = []
         urls: set[str] = set()
         for i, item in enumerate(self.items(raw, "backends")):
+            if _is_dns_entry(item):
+                continue
             backend = self.backend(item, f"backends[{i}]")
             if backend is None:
                 continue
@@ -794,6 +843,12 @@ class _Parser:
 
     def backend(self, raw: object, path: str) -> Backend | None:
         known = ("url", "kind", "memory_gb", "capacity", "aliases", "logs", "probes")
+        if isinstance(raw, dict):
+            for name in ("port", "refresh"):
+                if name in raw:
+                    self.error(_at(path, name), "only a dns entry takes it (a url names its "
+                                                "own port)")
+            raw = {k: v for k, v in raw.items() if k not in ("port", "refresh")}
         m = self.mapping(raw, path, known, required=("url",))
         if m is None:
             return None
@@ -824,21 +879,61 @@ class _Parser:
             probes=self.probes(m.get("probes"), _at(path, "probes")),
         )
 
+    def dns_backends(self, raw: object) -> tuple[DnsBackends, ...]:
+        """The ``dns:`` entries of ``backends:`` (the others are ``backends()``'s)."""
+        groups: list[DnsBackends] = []
+        seen: set[tuple[str, int]] = set()
+        for i, item in enumerate(raw if isinstance(raw, list) else []):
+            if not _is_dns_entry(item):
+                continue
+            group = self.dns_backend(item, f"backends[{i}]")
+            if group is None:
+                continue
+            if (group.name, group.port) in seen:
+                self.error(f"backends[{i}].dns", f"duplicate dns backend {group.name!r} "
+                                                 f"port {group.port}")
+            seen.add((group.name, group.port))
+            groups.append(group)
+        return tuple(groups)
+
+    def dns_backend(self, raw: dict[object, object], path: str) -> DnsBackends | None:
+        """``{dns: NAME, port, kind, refresh}`` plus the per-engine settings every member
+        shares (memory_gb, capacity, aliases, probes)."""
+        refused = {"url": "an entry has either url or dns, not both",
+                   "logs": "a log feed is one engine's; a dns entry's members have none"}
+        for field_name, why in refused.items():
+            if field_name in raw:
+                self.error(_at(path, field_name), why)
+        shared = ("kind", "memory_gb", "capacity", "aliases", "probes")
+        known = ("dns", "port", "refresh", *shared)
+        m = self.mapping({k: v for k, v in raw.items() if k not in refused}, path, known,
+                         required=("dns", "port"))
+        if m is None:
+            return None
+        name = self.text(m.get("dns"), _at(path, "dns"), "a host name")
+        if name is not None and not _HOSTNAME.fullmatch(name):
+            self.expected(_at(path, "dns"), "a host name", name)
+            name = None
+        port = None
+        if "port" in m:
+            port = self.integer(m["port"], _at(path, "port"))
+            if port is not None and port > 65535:
+                self.expected(_at(path, "port"), "a port from 1 to 65535", port)
+                port = None
+        refresh = self.duration(m.get("refresh"), _at(path, "refresh"), DEFAULT_DNS_REFRESH)
+        if refresh <= 0:
+            self.expected(_at(path, "refresh"), "a duration above 0", m.get("refresh"))
+            refresh = DEFAULT_DNS_REFRESH
+        template = self.backend({"url": "http://dns.invalid",
+                                 **{k: v for k, v in m.items() if k in shared}}, path)
+        if name is None or port is None or template is None:
+            return None
+        return DnsBackends(name=name, port=port, refresh=refresh,
+                           template=dataclasses.replace(template, url=""))
+
     def url(self, raw: object, path: str) -> str | None:
-        if isinstance(raw, str):
-            try:
-                parts = urllib.parse.urlsplit(raw)
-                valid = (
-                    parts.scheme in ("http", "https")
-                    and bool(parts.hostname)
-                    and (parts.port is None or parts.port > 0)
-                    and not parts.query
-                    and not parts.fragment
-                )
-            except ValueError:  # a port that isn't a number, a bracket left open
-                valid = False
-            if valid:
-                return raw.rstrip("/")
+        if (url := backend_url(raw)) is not None:
+            return url
         self.expected(path, "an absolute http or https URL", raw)
         return None
 

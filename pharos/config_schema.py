@@ -62,9 +62,17 @@ def schema() -> dict[str, Any]:
         "memory_gb": {"type": "number", "exclusiveMinimum": 0},
         "capacity": _POSITIVE_INT,
         "aliases": {"type": "object", "additionalProperties": {"type": "string"}},
-        "logs": {"type": "string", "description": "not supported yet: refused at start"},
+        "logs": {"type": "string", "pattern": "^(docker://.+|file:///.*)$",
+                 "description": "the engine's log, for log probes: docker://<container> "
+                                "or file:///<absolute path>"},
         "probes": {"type": "array", "items": probe},
-    }, required=("url",))
+        "dns": {"type": "string", "description": "instead of url: every address this name "
+                                                 "resolves to is a backend"},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535,
+                 "description": "with dns: the members' port"},
+        "refresh": {**_DURATION, "description": "with dns: how often the name is resolved"},
+    })
+    backend["oneOf"] = [{"required": ["url"]}, {"required": ["dns", "port"]}]
     key = _object({
         "name": {"type": "string", "minLength": 1},
         "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
