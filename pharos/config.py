@@ -99,8 +99,10 @@ NOT_YET: Final = {
     "drain": "graceful drain comes with the availability issue",
     "peers": "the peer mesh comes with the availability issue",
 }
-#: A backend's fields refused likewise (none left: ``logs:`` feeds its log probes).
-BACKEND_NOT_YET: Final[dict[str, str]] = {}
+#: A backend's fields refused likewise.
+BACKEND_NOT_YET: Final = {
+    "logs": "log-file and Docker log probes come with the log-feeds issue",
+}
 
 #: Connections the kernel holds for Pharos to accept: Twisted's default of 50 dropped most of a
 #: burst of 1,000 clients (their connections reset or retried after seconds; the kernel caps it
