@@ -452,6 +452,16 @@ def reload_diff(old: Config, new: Config) -> tuple[list[str], list[str]]:
     return live, restart
 
 
+#: ``reload_diff`` names whose place in the file differs (the dataclass flattens the YAML).
+_FILE_NAMES: Final = {"timeouts.first_byte_generate": "timeouts.first_byte.generate",
+                      "timeouts.first_byte_embeddings": "timeouts.first_byte.embeddings"}
+
+
+def file_name(name: str) -> str:
+    """A ``reload_diff`` name as the operator writes it in the file."""
+    return _FILE_NAMES.get(name, name)
+
+
 def _partly_live(section: str) -> bool:
     return any(name.startswith(section + ".") for name in LIVE_FIELDS)
 

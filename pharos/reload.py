@@ -23,7 +23,15 @@ from twisted.application.service import Service
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 
-from pharos.config import Config, ConfigError, Reloaded, load_config, reload_diff, with_live
+from pharos.config import (
+    Config,
+    ConfigError,
+    Reloaded,
+    file_name,
+    load_config,
+    reload_diff,
+    with_live,
+)
 
 log = Logger()
 
@@ -76,17 +84,20 @@ class ConfigWatcher(TimerService):
                       path=self.path, errors=str(e))
             return Reloaded(errors=tuple(e.errors))
         live, restart = reload_diff(self.current, new)
+        shown = Reloaded(applied=tuple(map(file_name, live)),
+                         restart=tuple(map(file_name, restart)))
         if restart:
             log.warn("config {path}: {fields} changed and need a restart; not applied",
-                     path=self.path, fields=", ".join(restart))
+                     path=self.path, fields=", ".join(shown.restart))
         if live:
             applied = with_live(self.current, new, live)
             self.apply(applied)
             self.current = applied
-            log.info("config {path} reloaded: {fields}", path=self.path, fields=", ".join(live))
+            log.info("config {path} reloaded: {fields}", path=self.path,
+                     fields=", ".join(shown.applied))
         elif not restart:
             log.info("config {path} read again: nothing changed", path=self.path)
-        return Reloaded(applied=tuple(live), restart=tuple(restart))
+        return shown
 
 
 class Sighup(Service):
