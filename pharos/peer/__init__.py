@@ -1,0 +1,2 @@
+"""Peers and availability (spec §12): the peer site, deltas, snapshots, membership, the state
+file."""

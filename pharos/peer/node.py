@@ -1,0 +1,480 @@
+"""The peer node (spec §12): one sender loop per peer, the merge of what peers send, and the
+snapshot pulls that heal a reconnect.
+
+Push-based full mesh. Every ``TICK`` each peer gets a ``Delta``: this origin's absolute gauges
+and recent usage cells (a lost delta is repaired by the next, nothing is acknowledged or
+retried) and the prefix ops since its last tick, taken from a bounded pending list
+(``MAX_PENDING``; a full list drops new ops: they are hints). A peer's tick is skipped while
+its previous delta is outstanding, and each delta has a timeout, so a slow peer delays only
+itself and nothing piles up. The hot path never waits: ``push`` appends to lists.
+
+What arrives is merged by the modules that own it (``Scheduler.merge_gauges`` /
+``merge_prefix`` / ``forget``, ``Ledger.merge`` / ``merge_reserved``); the node only moves
+bytes. A member that answers with this instance's own origin is this instance and is
+skipped. A member that was unreachable (or is new) and answers again has its snapshot pulled
+and merged (``restore``), which heals whatever a partition missed.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import treq
+from treq.client import HTTPClient
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, TimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+
+from pharos.peer.membership import DNS_INTERVAL, Membership
+from pharos.peer.wire import Delta, ProtoMismatch, WireError, decode, encode
+from pharos.prefix import PrefixOp
+from pharos.sched import GaugeError, Scheduler
+from pharos.usage import Ledger
+
+log = Logger()
+
+#: Seconds between deltas to one peer (spec §12).
+TICK: Final = 0.2
+#: Prefix ops waiting for one peer's next delta; more are dropped (spec §12: 10k).
+MAX_PENDING: Final = 10_000
+#: Seconds a delta may take before it is abandoned (the next tick sends a fresh one).
+DELTA_TIMEOUT: Final = 2.0
+#: Seconds a snapshot pull may take (at start, all pulls together: spec §12 "5 s overall").
+SNAPSHOT_TIMEOUT: Final = 5.0
+#: Seconds without a successful exchange after which a peer counts as disconnected, so its
+#: next answer pulls a snapshot (one lost delta is not a partition).
+RECONNECT_AFTER: Final = 2.0
+#: The reply header naming the answering instance's origin.
+ORIGIN_HEADER: Final = "Pharos-Origin"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A peer's answer: status, its ``Pharos-Origin`` (None if absent) and body."""
+
+    code: int
+    origin: str | None
+    body: bytes
+
+
+class Transport(Protocol):
+    """How deltas and snapshot requests reach a member (``TreqTransport`` over HTTP; tests use
+    an in-memory one that can cut an instance off)."""
+
+    def post_delta(self, member: str, body: bytes) -> Deferred[Reply]: ...
+
+    def get_snapshot(self, member: str) -> Deferred[Reply]: ...
+
+
+class TreqTransport:
+    """Deltas and snapshots over HTTP with the bearer secret."""
+
+    def __init__(self, client: HTTPClient, secret: bytes) -> None:
+        self.client = client
+        self.auth = b"Bearer " + secret
+
+    async def _request(self, method: str, url: str, body: bytes | None,
+                       timeout: float) -> Reply:
+        headers = Headers({b"Authorization": [self.auth],
+                           b"Content-Type": [b"application/json"]})
+        response = await self.client.request(method, url, data=body, headers=headers,
+                                             timeout=timeout, allow_redirects=False)
+        content: bytes = await treq.content(response)
+        origin = response.headers.getRawHeaders(ORIGIN_HEADER)
+        return Reply(response.code, origin[0] if origin else None, content)
+
+    def post_delta(self, member: str, body: bytes) -> Deferred[Reply]:
+        return Deferred.fromCoroutine(self._request(
+            "POST", f"http://{member}/peer/delta", body, DELTA_TIMEOUT))
+
+    def get_snapshot(self, member: str) -> Deferred[Reply]:
+        return Deferred.fromCoroutine(self._request(
+            "GET", f"http://{member}/peer/snapshot", None, SNAPSHOT_TIMEOUT))
+
+
+@dataclass(eq=False)
+class Peer:
+    """One member as this node sees it."""
+
+    member: str
+    pending: list[PrefixOp] = field(default_factory=list)
+    dropped_ops: int = 0  # ops that found the pending list full
+    loop: LoopingCall | None = None
+    outstanding: Deferred[Any] | None = None
+    skipped: int = 0  # ticks skipped while a delta was outstanding
+    origin: str | None = None  # its Pharos-Origin, once it answered
+    myself: bool = False  # it answered with this instance's origin
+    heard_at: float | None = None  # the last successful exchange (this process's clock)
+    connected: bool = False  # answered since it was last unreachable (or pulled at start)
+    failing: str | None = None  # why the last exchange failed
+    proto_mismatch: bool = False  # it answered 409: another wire version
+    pulls: int = 0  # snapshots pulled from it
+
+
+@dataclass(slots=True)
+class Origin:
+    """A peer origin as seen in its deltas."""
+
+    heard_at: float
+    seq: int = -1
+    fingerprint: str = ""
+    leaving: bool = False
+
+
+class PeerNode(Service):
+    """Sender loops, delta merges and snapshot pulls for one instance.
+
+    ``fingerprint`` is called per delta (a hot reload may change it); ``restore`` merges a
+    snapshot's bytes (``pharos.peer.snapshot.decode`` + ``restore``) and raises ``ValueError``
+    on a bad one.
+    """
+
+    def __init__(self, origin: str, fingerprint: Callable[[], str], sched: Scheduler,
+                 ledger: Ledger, transport: Transport, membership: Membership,
+                 clock: IReactorTime,
+                 restore: Callable[[bytes], object] | None = None, *,
+                 tick: float = TICK, max_pending: int = MAX_PENDING) -> None:
+        self.origin = origin
+        self.fingerprint = fingerprint
+        self.sched = sched
+        self.ledger = ledger
+        self.transport = transport
+        self.membership = membership
+        self.clock = clock
+        self.restore = restore
+        self.tick = tick
+        self.max_pending = max_pending
+        self.peers: dict[str, Peer] = {}
+        #: Origins heard from (their deltas), for /status and metrics.
+        self.origins: dict[str, Origin] = {}
+        self.seq = 0
+        self.leaving = False
+        #: Counts for metrics: deltas refused (by reason) and origins whose fingerprint
+        #: differs from ours.
+        self.refused: dict[str, int] = {}
+        self.fingerprint_mismatch: set[str] = set()
+        self._resolve_loop: LoopingCall | None = None
+
+    # --- membership ----------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        self._set_members(self.membership.members)
+        if self.membership.dynamic:
+            self._resolve_loop = LoopingCall(self._resolve)
+            self._resolve_loop.clock = self.clock
+            self._resolve_loop.start(DNS_INTERVAL, now=True)
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        if self._resolve_loop is not None and self._resolve_loop.running:
+            self._resolve_loop.stop()
+        for peer in self.peers.values():
+            self._stop_loop(peer)
+        pending = [p.outstanding for p in self.peers.values() if p.outstanding is not None]
+        for d in pending:
+            d.cancel()
+        return Deferred.fromCoroutine(self._none())
+
+    @staticmethod
+    async def _none() -> None:
+        return None
+
+    def _resolve(self) -> Deferred[None]:
+        async def go() -> None:
+            members = await self.membership.refresh()
+            if self.membership.failing is not None:
+                log.warn("peers: {why}; keeping the last members", why=self.membership.failing)
+            if self.running:
+                self._set_members(members)
+
+        return Deferred.fromCoroutine(go())
+
+    def _set_members(self, members: frozenset[str]) -> None:
+        for member in list(self.peers):
+            if member not in members:
+                peer = self.peers.pop(member)
+                self._stop_loop(peer)
+                if peer.outstanding is not None:
+                    peer.outstanding.cancel()
+        for member in sorted(members):
+            if member not in self.peers:
+                peer = self.peers[member] = Peer(member)
+                if self.running and not self.leaving:
+                    self._start_loop(peer)
+
+    def _start_loop(self, peer: Peer) -> None:
+        peer.loop = LoopingCall(self._tick, peer)
+        peer.loop.clock = self.clock
+        peer.loop.start(self.tick, now=False)
+
+    @staticmethod
+    def _stop_loop(peer: Peer) -> None:
+        if peer.loop is not None and peer.loop.running:
+            peer.loop.stop()
+        peer.loop = None
+
+    # --- sending -------------------------------------------------------------------------
+
+    def push(self, op: PrefixOp) -> None:
+        """A prefix record or correction for every peer's next delta (the scheduler's
+        ``on_prefix``): appended, or dropped where the list is full."""
+        cap = self.max_pending
+        for peer in self.peers.values():
+            if peer.myself:
+                continue
+            if len(peer.pending) < cap:
+                peer.pending.append(op)
+            else:
+                peer.dropped_ops += 1
+
+    def delta(self, ops: list[PrefixOp], leaving: bool = False) -> Delta:
+        """This instance's delta now: absolute gauges and recent cells, the given ops."""
+        self.seq += 1
+        gauges: dict[str, Any] = dict(self.sched.export_gauges())
+        gauges["reserved"] = self.ledger.export_reserved()
+        return Delta(self.origin, self.fingerprint(), self.seq, leaving, gauges,
+                     self.ledger.export_recent(), tuple(ops))
+
+    def _tick(self, peer: Peer) -> None:
+        """One peer's tick; never raises (a LoopingCall stops for good on an error)."""
+        try:
+            if peer.myself:
+                return
+            if peer.outstanding is not None:
+                peer.skipped += 1
+                return
+            ops, peer.pending = peer.pending, []
+            self._send(peer, encode(self.delta(ops)))
+        except Exception:
+            log.failure("peers: building a delta for {member} failed", member=peer.member)
+
+    def _send(self, peer: Peer, body: bytes) -> Deferred[None]:
+        d = self.transport.post_delta(peer.member, body)
+        d.addTimeout(DELTA_TIMEOUT, self.clock)
+        peer.outstanding = d
+        done: Deferred[None] = d.addCallbacks(lambda r: self._answered(peer, r),
+                                              lambda f: self._failed(peer, f))
+
+        def clear(_: object) -> None:
+            if peer.outstanding is d:
+                peer.outstanding = None
+
+        done.addBoth(clear)
+        return done
+
+    def _answered(self, peer: Peer, reply: Reply) -> None:
+        if reply.origin is not None:
+            peer.origin = reply.origin
+            if reply.origin == self.origin:
+                self._myself(peer)
+                return
+        now = self.clock.seconds()
+        if reply.code == 409:
+            if not peer.proto_mismatch:
+                log.error("peers: {member} speaks another wire proto ({why}); not "
+                          "sharing state with it", member=peer.member,
+                          why=reply.body[:200].decode("utf-8", "replace"))
+            peer.proto_mismatch = True
+            peer.failing = "proto mismatch (409)"
+            return
+        if reply.code != 200:
+            why = f"HTTP {reply.code}: {reply.body[:200].decode('utf-8', 'replace')}"
+            if peer.failing != why:
+                log.warn("peers: {member} refused a delta: {why}", member=peer.member, why=why)
+            peer.failing = why
+            if reply.code != 400:  # a 400 is about this delta; 401 and 5xx are about the link
+                return
+        peer.proto_mismatch = False
+        peer.failing = None if reply.code == 200 else peer.failing
+        reconnected = not peer.connected
+        peer.heard_at, peer.connected = now, True
+        if reconnected:
+            self._pull(peer)
+
+    def _failed(self, peer: Peer, f: Failure) -> None:
+        why = "timed out" if f.check(TimeoutError) else (f.getErrorMessage() or repr(f.value))
+        if peer.failing is None:
+            log.warn("peers: {member} unreachable: {why}", member=peer.member, why=why)
+        peer.failing = why
+        now = self.clock.seconds()
+        if peer.heard_at is None or not 0 <= now - peer.heard_at < RECONNECT_AFTER:
+            peer.connected = False
+
+    def _myself(self, peer: Peer) -> None:
+        """The member is this instance (its reply carried our origin): skipped from now on."""
+        if not peer.myself:
+            log.info("peers: {member} is this instance; skipped", member=peer.member)
+        peer.myself, peer.pending = True, []
+        self._stop_loop(peer)
+
+    # --- snapshots -----------------------------------------------------------------------
+
+    def _pull(self, peer: Peer) -> Deferred[bool]:
+        """Pull and merge the peer's snapshot; True when merged. Never fails."""
+        async def go() -> bool:
+            if self.restore is None:
+                return False
+            try:
+                d = self.transport.get_snapshot(peer.member)
+                d.addTimeout(SNAPSHOT_TIMEOUT, self.clock)
+                reply = await d
+            except Exception as e:
+                log.warn("peers: snapshot from {member} failed: {why}", member=peer.member,
+                         why=str(e) or type(e).__name__)
+                peer.connected = False
+                return False
+            if reply.origin == self.origin:
+                self._myself(peer)
+                return False
+            if reply.code != 200:
+                log.warn("peers: snapshot from {member}: HTTP {code}", member=peer.member,
+                         code=reply.code)
+                if reply.code == 409:
+                    peer.proto_mismatch = True
+                return False
+            try:
+                self.restore(reply.body)
+            except ValueError as e:
+                log.warn("peers: snapshot from {member} refused: {why}", member=peer.member,
+                         why=str(e))
+                self._count("snapshot")
+                return False
+            if reply.origin is not None:
+                peer.origin = reply.origin
+            peer.pulls += 1
+            peer.connected = True
+            peer.heard_at = self.clock.seconds()
+            return True
+
+        return Deferred.fromCoroutine(go())
+
+    def pull_all(self) -> Deferred[None]:
+        """At start (a ``restore_sources`` entry): pull a snapshot from every member that
+        answers within ``SNAPSHOT_TIMEOUT`` overall, and merge each. Never fails."""
+        if not self.peers:
+            self._set_members(self.membership.members)
+        pulls = [self._pull(p) for p in self.peers.values() if not p.myself]
+        d: Deferred[Any] = DeferredList(pulls, consumeErrors=True)
+        return d.addCallback(lambda _: None)
+
+    # --- leaving -------------------------------------------------------------------------
+
+    def leave(self) -> Deferred[None]:
+        """The last delta, marked Leaving, to every peer (an ``on_leaving`` entry: during
+        drain, after the streams finished): peers drop this instance's gauges at once and
+        hold its final cells. The loops stop first; peers that do not answer within
+        ``DELTA_TIMEOUT`` are not waited for. Never fails."""
+        self.leaving = True
+        sends = []
+        for peer in self.peers.values():
+            self._stop_loop(peer)
+            if peer.myself:
+                continue
+            if peer.outstanding is not None:
+                peer.outstanding.cancel()
+            ops, peer.pending = peer.pending, []
+            sends.append(self._send(peer, encode(self.delta(ops, leaving=True))))
+        d: Deferred[Any] = DeferredList(sends, consumeErrors=True)
+        return d.addCallback(lambda _: None)
+
+    # --- receiving -----------------------------------------------------------------------
+
+    def _count(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def receive(self, delta: Delta) -> list[str]:
+        """Merge a peer's delta through the owning modules; returns what was refused (each
+        part is checked and merged on its own: a malformed part is refused whole, the rest
+        merges). A delta from this instance's own origin merges nothing."""
+        if delta.origin == self.origin:
+            return []
+        now = self.clock.seconds()
+        problems: list[str] = []
+        seen = self.origins.get(delta.origin)
+        if seen is None:
+            seen = self.origins[delta.origin] = Origin(now)
+        if delta.fingerprint != self.fingerprint():
+            if delta.origin not in self.fingerprint_mismatch:
+                log.warn("peers: origin {origin} has another fingerprint ({theirs}, ours "
+                         "{ours}): its backends, keys or usage zone differ",
+                         origin=delta.origin, theirs=delta.fingerprint,
+                         ours=self.fingerprint())
+            self.fingerprint_mismatch.add(delta.origin)
+        else:
+            self.fingerprint_mismatch.discard(delta.origin)
+        seen.fingerprint = delta.fingerprint
+        newer = delta.seq > seen.seq
+        if newer:
+            seen.seq, seen.heard_at, seen.leaving = delta.seq, now, delta.leaving
+            if delta.leaving:
+                self.sched.forget(delta.origin)
+                self.ledger.forget_reserved(delta.origin)
+            else:
+                try:
+                    self.sched.merge_gauges(delta.origin, delta.gauges, now)
+                except GaugeError as e:
+                    problems.append(str(e))
+                try:
+                    self.ledger.merge_reserved(delta.origin, delta.gauges.get("reserved"), now)
+                except ValueError as e:
+                    problems.append(str(e))
+        try:
+            self.ledger.merge(delta.cells)
+        except ValueError as e:
+            problems.append(str(e))
+        self.sched.merge_prefix(list(delta.prefix), now)
+        if problems:
+            self._count("malformed")
+        return problems
+
+    def receive_bytes(self, body: bytes) -> tuple[int, bytes]:
+        """A ``POST /peer/delta`` body → (status, reply body): 200, 400 naming what is wrong,
+        or 409 for another wire proto (``site`` adds auth and the origin header)."""
+        try:
+            delta = decode(body)
+        except WireError as e:
+            if isinstance(e, ProtoMismatch):
+                self._count("proto")
+                return 409, str(e).encode()
+            self._count("garbage")
+            return 400, str(e).encode()
+        problems = self.receive(delta)
+        if problems:
+            return 400, "; ".join(problems).encode()
+        return 200, b"{}"
+
+    # --- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The peers block of /status: each member's state, each origin heard."""
+        now = self.clock.seconds()
+        return {
+            "origin": self.origin,
+            "fingerprint": self.fingerprint(),
+            "members": [{
+                "member": p.member, "origin": p.origin, "self": p.myself,
+                "connected": p.connected, "last_heard": p.heard_at,
+                "silent_sec": None if p.heard_at is None else round(now - p.heard_at, 3),
+                "failing": p.failing, "proto_mismatch": p.proto_mismatch,
+                "pending_ops": len(p.pending), "dropped_ops": p.dropped_ops,
+                "skipped_ticks": p.skipped, "snapshots_pulled": p.pulls,
+            } for p in self.peers.values()],
+            "origins": {o: {"last_heard": s.heard_at, "leaving": s.leaving,
+                            "fingerprint_mismatch": o in self.fingerprint_mismatch}
+                        for o, s in self.origins.items()},
+            "refused": dict(self.refused),
+        }
+
+
+def check_bearer(header: bytes | None, secret: bytes) -> bool:
+    """The request's ``Authorization`` is ``Bearer <secret>`` (constant time)."""
+    return header is not None and hmac.compare_digest(header, b"Bearer " + secret)
+

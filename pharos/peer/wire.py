@@ -1,0 +1,153 @@
+"""The delta on the wire (spec §12): versioned JSON, ``POST /peer/delta`` every tick.
+
+A delta carries this origin's absolute gauges and recent usage cells, so a lost one is
+repaired by the next, plus the prefix ops since the last tick (lossy hints). Unknown fields
+are ignored, so a later release may add some without a bump; ``proto`` changes only for
+breaking changes, and a peer on another proto is answered 409 (``ProtoMismatch``).
+
+Decoding checks the shape only (types and bounds); each owning module checks its own part
+when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
+No prompt text travels: prefix ops are 64-bit hashes and a target key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pharos.config import Config
+from pharos.prefix import PrefixOp
+
+#: The wire version (to be imported from ``pharos.peer.snapshot``, which defines it for
+#: deltas, snapshots and the state file alike, once that module is in).
+PROTO: Final = 1
+#: Prefix ops one delta may carry: a peer's pending list holds at most this many.
+MAX_OPS: Final = 10_000
+#: Links one prefix op may name (a chain of 1 KiB blocks: 64 MiB of prompt).
+MAX_HASHES: Final = 65_536
+#: Cells one delta may carry (today's and yesterday's of every key × model, two minutes').
+MAX_CELLS: Final = 200_000
+_U64: Final = 2**64
+
+
+class WireError(ValueError):
+    """A peer message that is not a delta (garbage, wrong shape): the reply is 400."""
+
+
+class ProtoMismatch(WireError):
+    """A delta of another wire version: the reply is 409, and the sender flags it."""
+
+    def __init__(self, proto: object) -> None:
+        super().__init__(f"peer proto {proto!r}, this instance speaks {PROTO}")
+        self.proto = proto
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One tick's message from ``origin`` (spec §12 ``Delta``). ``gauges`` holds the
+    scheduler's parts (``inflight``, ``waiting``) and usage's (``reserved``)."""
+
+    origin: str
+    fingerprint: str
+    #: The sender's count of its deltas (increasing): gauges of an older one never replace a
+    #: newer one's, so deltas applied in any order and any number of times end the same.
+    seq: int = 0
+    leaving: bool = False
+    gauges: Mapping[str, Any] = field(default_factory=dict)
+    cells: Sequence[Mapping[str, Any]] = ()
+    prefix: Sequence[PrefixOp] = ()
+    proto: int = PROTO
+
+
+def fingerprint(config: Config) -> str:
+    """A hash of what peers must agree on to share state (spec §12): the static backend set
+    (prefix ops and gauges name targets by backend URL), the key and tenant names (usage
+    cells), and the usage timezone (day buckets). 16 hex digits."""
+    what = {"backends": sorted(b.url for b in config.backends),
+            "keys": sorted([k.name, k.tenant] for k in config.keys),
+            "tenants": sorted(t.name for t in config.tenants),
+            "timezone": config.usage.timezone}
+    data = json.dumps(what, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def _op(op: PrefixOp) -> dict[str, Any]:
+    return {"target": op.target_key, "hashes": list(op.hashes), "last_used": op.last_used,
+            "remove": op.remove}
+
+
+def encode(delta: Delta) -> bytes:
+    """The delta as compact UTF-8 JSON."""
+    body = {"proto": delta.proto, "origin": delta.origin, "fingerprint": delta.fingerprint,
+            "seq": delta.seq, "leaving": delta.leaving, "gauges": delta.gauges,
+            "cells": list(delta.cells),
+            "prefix": [_op(op) for op in delta.prefix]}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def _parse_op(raw: object, i: int) -> PrefixOp:
+    if not isinstance(raw, Mapping):
+        raise WireError(f"prefix[{i}]: expected an object")
+    target, hashes, last_used = raw.get("target"), raw.get("hashes"), raw.get("last_used")
+    remove = raw.get("remove", False)
+    if not isinstance(target, str):
+        raise WireError(f"prefix[{i}].target: expected a string")
+    if not isinstance(hashes, list) or len(hashes) > MAX_HASHES or not all(
+            type(h) is int and 0 <= h < _U64 for h in hashes):
+        raise WireError(f"prefix[{i}].hashes: expected at most {MAX_HASHES} unsigned "
+                        "64-bit integers")
+    if type(last_used) not in (int, float) or not math.isfinite(last_used):  # type: ignore[arg-type]
+        raise WireError(f"prefix[{i}].last_used: expected a finite number")
+    if not isinstance(remove, bool):
+        raise WireError(f"prefix[{i}].remove: expected true or false")
+    return PrefixOp(target, tuple(hashes), float(last_used), remove)  # type: ignore[arg-type]
+
+
+def _reject_constant(name: str) -> float:
+    raise WireError(f"not JSON: {name}")
+
+
+def decode(data: bytes) -> Delta:
+    """A delta from its bytes; ``WireError`` for anything that is not one (the reason names
+    the field), ``ProtoMismatch`` for another wire version. Unknown fields are ignored."""
+    try:
+        raw = json.loads(data, parse_constant=_reject_constant)
+    except WireError:
+        raise
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise WireError(f"not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise WireError("expected a JSON object")
+    proto = raw.get("proto")
+    if type(proto) is not int:
+        raise WireError(f"proto: expected an integer, got {proto!r}")
+    if proto != PROTO:
+        raise ProtoMismatch(proto)
+    origin, fp = raw.get("origin"), raw.get("fingerprint")
+    if not isinstance(origin, str) or not origin:
+        raise WireError("origin: expected a non-empty string")
+    if not isinstance(fp, str):
+        raise WireError("fingerprint: expected a string")
+    seq = raw.get("seq", 0)
+    if type(seq) is not int or seq < 0:
+        raise WireError(f"seq: expected a non-negative integer, got {seq!r}")
+    leaving = raw.get("leaving", False)
+    if not isinstance(leaving, bool):
+        raise WireError("leaving: expected true or false")
+    gauges = raw.get("gauges", {})
+    if not isinstance(gauges, dict):
+        raise WireError("gauges: expected an object")
+    cells = raw.get("cells", [])
+    if not isinstance(cells, list) or len(cells) > MAX_CELLS or not all(
+            isinstance(c, dict) for c in cells):
+        raise WireError(f"cells: expected a list of at most {MAX_CELLS} objects")
+    ops = raw.get("prefix", [])
+    if not isinstance(ops, list) or len(ops) > MAX_OPS:
+        raise WireError(f"prefix: expected a list of at most {MAX_OPS} ops")
+    prefix = tuple(_parse_op(op, i) for i, op in enumerate(ops))
+    return Delta(origin, fp, seq, leaving, gauges, cells, prefix, proto)
