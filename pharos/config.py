@@ -97,12 +97,9 @@ LIVE_FIELDS: Final = frozenset({
 NOT_YET: Final = {
     "state_file": "the state file comes with the availability issue",
     "drain": "graceful drain comes with the availability issue",
-    "peers": "the peer mesh comes with the availability issue",
 }
-#: A backend's fields refused likewise.
-BACKEND_NOT_YET: Final = {
-    "logs": "log-file and Docker log probes come with the log-feeds issue",
-}
+#: A backend's fields refused likewise (none left: ``logs:`` feeds its log probes).
+BACKEND_NOT_YET: Final[dict[str, str]] = {}
 
 #: Connections the kernel holds for Pharos to accept: Twisted's default of 50 dropped most of a
 #: burst of 1,000 clients (their connections reset or retried after seconds; the kernel caps it
@@ -401,7 +398,25 @@ def load_config(path: str | Path, *, refuse_unbuilt: bool = True) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read: {e}"]) from e
-    return parse_config(text, refuse_unbuilt=refuse_unbuilt)
+    config = parse_config(text, refuse_unbuilt=refuse_unbuilt)
+    if config.peers is not None:
+        try:
+            read_peer_secret(config.peers.secret_file)
+        except ValueError as e:
+            raise ConfigError([f"peers.secret_file: {e}"]) from None
+    return config
+
+
+def read_peer_secret(path: str) -> bytes:
+    """The peers' shared secret: the file's bytes less surrounding whitespace. ``ValueError``
+    when it cannot be read or is empty: peers never run unauthenticated (spec §12)."""
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    if not secret:
+        raise ValueError(f"{path} is empty; peers need a shared secret")
+    return secret
 
 
 def parse_config(text: str, *, library_names: frozenset[str] | None = None,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pharos.config import Backend as BackendSpec
 from pharos.engine.plan import Plan
-from pharos.engine.signals import WHOLE_BACKEND, Load, Residency, Snapshot
+from pharos.engine.signals import WHOLE_BACKEND, Load, Residency, Signal, Snapshot
 from pharos.state.stats import TargetStats
 
 #: A signal older than this many of its intervals is unknown.
@@ -33,6 +33,9 @@ class BackendState:
     replied_at: float | None = None
     removed: bool = False
     rounds: int = 0
+    #: Values its log feed's lines set (``pharos.state.logs``); ``None`` while no feed is
+    #: connected. Used only where no scraped probe knows the signal.
+    log: Snapshot | None = None
 
     @property
     def url(self) -> str:
@@ -108,6 +111,8 @@ class View:
     size_bytes: int | None
     vram_bytes: int | None
     load_fresh: bool  # the load signals are newer than the last reply that ended on it
+    #: The signals taken from the backend's log feed (no scraped probe knew them).
+    from_log: frozenset[str] = frozenset()
 
 
 def rename(snap: Snapshot, aliases: Mapping[str, str]) -> Snapshot:
@@ -169,7 +174,7 @@ def view_of(
         load, fast_at = b.full.load_for(target.model), b.full_at
     fresh = fast_at is not None and (target.last_release_at is None or
                                      fast_at > target.last_release_at)
-    return View(
+    view = View(
         up=is_up(b, now),
         residency=residency,
         running=load.running,
@@ -181,3 +186,28 @@ def view_of(
         vram_bytes=vram,
         load_fresh=fresh,
     )
+    return view if b.log is None else with_log(view, b.log, target.model)
+
+
+#: The view fields a log value may fill, by signal.
+_LOG_FIELDS: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACITY,
+                                   Signal.KV_USAGE, Signal.KV_POOL_TOKENS)
+
+
+def with_log(view: View, log: Snapshot, model: str) -> View:
+    """The view with the log feed's values where no scraped probe knows the signal (spec
+    §5); ``from_log`` names the signals filled so."""
+    filled: dict[str, object] = {}
+    if view.residency is Residency.UNKNOWN and log.residency:
+        state = log.residency.get(model, Residency.UNKNOWN)
+        if state is not Residency.UNKNOWN:
+            filled[Signal.RESIDENCY.value] = state
+    if log.load:
+        load = log.load_for(model)
+        for s in _LOG_FIELDS:
+            v = load.get(s)
+            if v is not None and getattr(view, s.value) is None:
+                filled[s.value] = v
+    if not filled:
+        return view
+    return replace(view, from_log=frozenset(filled), **filled)  # type: ignore[arg-type]

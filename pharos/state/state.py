@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from treq.client import HTTPClient
-from twisted.application.service import MultiService, Service
+from twisted.application.service import MultiService
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -18,6 +18,7 @@ from pharos.engine.fetch import Fetcher, HTTPFetcher
 from pharos.engine.own import own_probes
 from pharos.engine.plan import FETCH_ERROR, BackendUnreachable, DetectionFailed, resolve
 from pharos.engine.signals import FAST_SIGNALS, Residency, Snapshot
+from pharos.state.logs import FeedFactory, LogFollower, default_feeds
 from pharos.state.registry import (
     STALE_AFTER_INTERVALS,
     BackendState,
@@ -65,6 +66,7 @@ class State:
         on_round: Callable[[BackendState], None] | None = None,
         on_down: Callable[[BackendState, str], None] | None = None,
         fetcher_for: Callable[[BackendSpec], Fetcher] | None = None,
+        log_feed_for: FeedFactory | None = None,
     ) -> None:
         self.clock = clock
         self.client = client
@@ -88,6 +90,9 @@ class State:
                 return HTTPFetcher(spec.url, http, clock, timeout=fetch_timeout)
 
         self.fetcher_for = fetcher_for
+        #: A backend's log feed from its spec (``logs:``); Docker discovery passes one that
+        #: also reads ``docker://`` containers.
+        self.log_feed_for = log_feed_for if log_feed_for is not None else default_feeds(clock)
         self.service = MultiService()
         self.backends: dict[str, BackendState] = {}
         self.targets: list[Target] = []
@@ -205,6 +210,10 @@ class State:
         t.backend = backend
         return t
 
+    def target_of(self, backend: BackendState, model: str) -> Target | None:
+        """The target for backend × model, if registered."""
+        return self._by_key.get((backend.url, model))
+
     def targets_for(self, model: str) -> list[Target]:
         """Targets of up backends that list ``model`` in their last full round."""
         now = self.clock.seconds()
@@ -288,16 +297,20 @@ class State:
                              else "unlisted" if unlisted else "unloaded")
 
 
-class Scraper(Service):
+class Scraper(MultiService):
     """One backend's rounds: resolve, then load rounds every interval and a full round every
     ``full_every``; a random start offset spreads backends; a failure is recorded and the
-    loop carries on (a raising callable would stop a TimerService for good)."""
+    loop carries on (a raising callable would stop a TimerService for good). Its child, the
+    ``LogFollower``, runs while the plan has active log probes."""
 
     def __init__(self, state: State, backend: BackendState) -> None:
+        super().__init__()
         self.state = state
         self.backend = backend
         self.fetcher = state.fetcher_for(backend.spec)
         self.own = own_probes(backend.spec.probes)
+        self.log_feed = state.log_feed_for(backend.spec)
+        self.follower: LogFollower | None = None
         self._call: IDelayedCall | None = None
         self._round_d: Deferred[None] | None = None
         self._resolve_due = True
@@ -307,15 +320,26 @@ class Scraper(Service):
         super().startService()
         self._schedule(self.state.rng() * self.state.load_interval)
 
-    def stopService(self) -> None:
-        super().stopService()
+    def stopService(self) -> Deferred[None]:
+        stopped: Deferred[None] = super().stopService()  # the log follower
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
         d = self._round_d
         if d is not None:
             d.cancel()
-        return None
+        return stopped
+
+    def _follow_logs(self) -> None:
+        """Run the log follower while the plan has active log probes (spec §5)."""
+        plan = self.backend.plan
+        wanted = self.log_feed is not None and plan is not None and bool(plan.log_probes)
+        if wanted and self.follower is None and self.log_feed is not None:
+            self.follower = LogFollower(self.state, self.backend, self.log_feed)
+            self.follower.setServiceParent(self)
+        elif not wanted and self.follower is not None:
+            self.follower.disownServiceParent()
+            self.follower = None
 
     def _schedule(self, delay: float) -> None:
         if self.running:
@@ -345,7 +369,8 @@ class Scraper(Service):
         try:
             if b.plan is None or self._resolve_due or now - self._resolved_at > RESOLVE_EVERY:
                 try:
-                    plan, snap = await resolve(self.fetcher, b.spec.kind, self.own)
+                    plan, snap = await resolve(self.fetcher, b.spec.kind, self.own,
+                                               has_log_feed=self.log_feed is not None)
                 except (BackendUnreachable, DetectionFailed):
                     state.decided(b, "resolve", "failed")
                     raise
@@ -360,6 +385,7 @@ class Scraper(Service):
                              active=[p.name for p in plan.active])
                 b.plan = plan
                 state.publish(b, snap, full=True)
+                self._follow_logs()
             else:
                 full = b.rounds % state.full_every == 0
                 snap, failures = await b.plan.scrape(self.fetcher, full=full)

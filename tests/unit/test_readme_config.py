@@ -62,7 +62,6 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
     "state_file: /var/lib/pharos/state.json",
     "drain: {grace: 5s}",
     "peers: {secret_file: /s, members: ['10.0.0.2:8081']}",
-    "backends: [{url: 'http://127.0.0.1:11434', logs: 'file:///var/log/ollama.log'}]",
 ])
 def test_unbuilt_sections_are_refused_naming_them(section: str, tmp_path: Path) -> None:
     """A section whose feature is not built yet is refused at load (pharos check, start-up)
@@ -72,7 +71,7 @@ def test_unbuilt_sections_are_refused_naming_them(section: str, tmp_path: Path) 
     path.write_text(section + "\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    name = section.split(":", 1)[0] if "logs" not in section else "backends[0].logs"
+    name = section.split(":", 1)[0]
     assert any(e.startswith(f"{name}: not supported yet") for e in info.value.errors), (
         info.value.errors)
     parse_config(section + "\n")
