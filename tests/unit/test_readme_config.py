@@ -61,7 +61,6 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
 @pytest.mark.parametrize("section", [
     "state_file: /var/lib/pharos/state.json",
     "drain: {grace: 5s}",
-    "peers: {secret_file: /s, members: ['10.0.0.2:8081']}",
 ])
 def test_unbuilt_sections_are_refused_naming_them(section: str, tmp_path: Path) -> None:
     """A section whose feature is not built yet is refused at load (pharos check, start-up)
