@@ -17,7 +17,7 @@ from pharos.policy import Score, deciding_term
 from pharos.proxy import errors
 from pharos.proxy.parse import Parsed
 from pharos.sched import Placement, SchedRequest, Scheduler, Unavailable, UnknownModel
-from pharos.state.registry import Target
+from pharos.state.registry import Target, View
 
 #: Routes explain accepts (the generation routes of §9).
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
@@ -61,6 +61,19 @@ def explain(sched: Scheduler, route: str, parsed: Parsed, session: int | None,
     }
 
 
+def signal_sources(t: Target, v: View) -> dict[str, str]:
+    """Which probe each of the target's signals came from, the log feed's marked ``log``."""
+    b = t.backend
+    out: dict[str, str] = {}
+    for snap in (b.full, b.load):
+        if snap is not None:
+            out.update((sig.value, name) for sig, name in snap.sources.items())
+    if b.log is not None:
+        out.update((sig.value, f"log {name}") for sig, name in b.log.sources.items()
+                   if sig.value in v.from_log)
+    return out
+
+
 def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
                prompt_tokens: int) -> dict[str, Any]:
     c = next(c for c in placed.candidates if c.target_id == t.id)
@@ -84,6 +97,9 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         "inflight": t.inflight,
         "capacity": c.capacity,
         "capacity_source": sched.capacity_of(t)[1],
+        # Per signal, the probe that read it; "log <probe>" where the engine's log filled a
+        # signal no scraped probe knows (spec §5).
+        "signal_sources": signal_sources(t, v),
         "capacity_seen_running": t.capacity_seen_max,
         "free_slots": c.free_slots,
         "queue_ahead": c.queue_ahead,
