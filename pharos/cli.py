@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--kind", default=AUTO, choices=(AUTO, *KINDS),
                         help="engine kind (default: detect)")
     doctor.add_argument("--log", help="with --url: the engine's log file, for log probes")
+    doctor.add_argument("--logs", action="store_true",
+                        help="with --record: also record the engine's log (it can contain "
+                             "prompts: review it before sharing)")
     doctor.add_argument("--json", action="store_true", help="print one JSON document")
     doctor.add_argument("--record", metavar="DIR",
                         help="with --url: write what the engine serves in the fixture format")
@@ -205,6 +208,9 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
     from pharos.engine.doctor import examine, render_json, render_text
     from pharos.engine.fetch import CaptureFetcher, HTTPFetcher, make_client
 
+    if args.logs and not args.record:
+        print("doctor: --logs records the engine's log and needs --record DIR", file=sys.stderr)
+        return 2
     reports = []
     note = ""
     if args.capture:
@@ -231,14 +237,25 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
 
                     report = await examine(backend["url"], http, backend["kind"])
                     command = f"pharos doctor --url {backend['url']} --record {args.record}"
+                    command += " --streams" if args.streams else ""
+                    command += " --log FILE --logs" if args.logs else ""
                     meta = {"engine": report.kind or "unknown",
                             "version": report.version or "unknown",
-                            "command": command + (" --streams" if args.streams else "")}
+                            "command": command}
                     meta.update(dict(kv.split("=", 1) for kv in args.meta))
                     model = next(iter(report.snapshot.models or ()), None)
                     streams = (report.kind or "", model) if args.streams and model else None
                     await record(http, Path(args.record), meta, streams)
                     note = f"(recorded {backend['url']} into {args.record})"
+                    if args.logs:
+                        if backend["log_lines"] is None:
+                            print("doctor: --logs needs the engine's log: --log FILE, or "
+                                  "logs: in the config", file=sys.stderr)
+                            return 2
+                        written = _record_log(Path(args.record), backend["log_lines"])
+                        print(f"warning: {written} recorded the engine's log as it is; engine "
+                              "logs can contain prompts: review it before committing or "
+                              "sharing the capture", file=sys.stderr)
                 reports.append(
                     await examine(
                         backend["url"],
@@ -262,11 +279,21 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
     return 1 if any(r.error for r in reports) else 0
 
 
+def _record_log(directory: Path, lines: Iterable[bytes]) -> Path:
+    """Write the engine's log into a capture as ``engine.log`` (a line at a time)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "engine.log"
+    with path.open("wb") as out:
+        for line in lines:
+            out.write(line + b"\n")
+    return path
+
+
 def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The backends to examine: one ``--url``, or every backend of ``-c FILE``."""
     from pharos.engine.own import LogFeedUnavailable, own_probes, read_log_feed
 
-    def lines_of(feed: Any) -> list[bytes] | None:
+    def lines_of(feed: Any) -> Iterable[bytes] | None:
         try:
             return read_log_feed(feed) if feed else None
         except (LogFeedUnavailable, OSError) as e:
@@ -279,8 +306,7 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "capacity": None, "aliases": {}}]
     from pharos.config import load_config
 
-    # doctor reads a backend's logs: feed itself (its log probes), which the service does not
-    # yet, so it takes the sections the service refuses.
+    # doctor examines what it can of a config the service would refuse (an unbuilt section).
     cfg = load_config(args.config, refuse_unbuilt=False)
     return [
         {

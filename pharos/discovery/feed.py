@@ -84,6 +84,12 @@ class LineSplitter:
         """Bytes of a partial line held (0 while skipping an overlong one)."""
         return len(self._held)
 
+    def flush(self) -> None:
+        """Hand on a partial last line as a line (a file read whole has no more to come)."""
+        if self._held and not self._skipping:
+            self._on_line(bytes(self._held))
+        self.reset()
+
     def reset(self) -> None:
         """Forget a partial line (the file it came from is gone)."""
         self._held.clear()

@@ -7,7 +7,7 @@ it has one) and rendered as text or as one JSON document.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +152,7 @@ async def examine(
     fetcher: Fetcher,
     kind: str,
     own: Sequence[Probe] = (),
-    log_lines: Sequence[bytes] | None = None,
+    log_lines: Iterable[bytes] | None = None,
     capacity: int | None = None,
     aliases: Mapping[str, str] | None = None,
     post: Any = None,

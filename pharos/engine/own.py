@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 
 from pharos.config import LogFeed, LogSpec, OwnProbe, PromSpec
+from pharos.discovery.feed import LineSplitter
+from pharos.discovery.logfile import CHUNK_BYTES
 from pharos.engine.probes import Probe, log_line, prom
 from pharos.engine.signals import Residency
 
@@ -30,12 +31,35 @@ class LogFeedUnavailable(Exception):
     """A log feed doctor cannot read (Docker feeds come with Docker discovery)."""
 
 
-def read_log_feed(feed: LogFeed | str) -> list[bytes]:
-    """Every line of a ``file://`` log feed, from its start (doctor reads it whole)."""
+class LogFileLines:
+    """The lines of a log file from its start, read again each time it is iterated, in
+    bounded chunks (an engine log can be gigabytes); a line over ``MAX_LINE_BYTES`` is dropped
+    as the service's feed drops it. Opening is checked at once, so a missing file is an error
+    before doctor starts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb"):
+            pass
+
+    def __iter__(self) -> Iterator[bytes]:
+        lines: list[bytes] = []
+        splitter = LineSplitter(lines.append)
+        with open(self.path, "rb") as f:
+            while data := f.read(CHUNK_BYTES):
+                splitter.feed(data)
+                yield from lines
+                lines.clear()
+        splitter.flush()
+        yield from lines
+
+
+def read_log_feed(feed: LogFeed | str) -> LogFileLines:
+    """The lines of a ``file://`` log feed, from its start (doctor reads it whole)."""
     if isinstance(feed, str):
         scheme, _, target = feed.partition("://")
     else:
         scheme, target = feed.scheme, feed.target
     if scheme != "file":
-        raise LogFeedUnavailable(f"{scheme}:// log feeds are not read yet")
-    return Path(target).read_bytes().splitlines()
+        raise LogFeedUnavailable(f"{scheme}:// log feeds are not read by doctor yet")
+    return LogFileLines(target)

@@ -152,3 +152,76 @@ async def test_doctor_shows_the_log_probe_and_its_source(tmp_path: Path) -> None
         assert "ollama-log-num-parallel" in out.decode() and "no log feed" in out.decode()
     finally:
         await fleet.stop()
+
+
+async def doctor(*args: str) -> tuple[int, str, str]:
+    out, err, code = await getProcessOutputAndValue(PHAROS, ["doctor", *args], reactor=reactor)
+    return code, out.decode(), err.decode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_doctor_record_logs_captures_the_log_with_a_warning(tmp_path: Path) -> None:
+    """``--record DIR --logs`` writes the engine's log as the capture's engine.log and warns
+    that engine logs can contain prompts; the capture replays with the log value; without
+    --logs no log is recorded and nothing is warned; --logs alone, or with no log to read,
+    is refused with a clear message."""
+    double = EngineDouble("ollama", reactor, slots=4)
+    lines = double.log_lines()
+    assert lines is not None
+    write_log(tmp_path, lines).close()
+    log = str(tmp_path / "ollama.log")
+    fleet = await start_fleet([("ollama", {"slots": 4}, {"kind": "ollama"})])
+    url = fleet.doubles[0].url
+    try:
+        rec = tmp_path / "with-logs"
+        code, out, err = await doctor("--url", url, "--log", log, "--record", str(rec),
+                                      "--logs")
+        assert code == 0, err
+        assert "can contain prompts" in err
+        assert (rec / "engine.log").read_bytes() == (tmp_path / "ollama.log").read_bytes()
+        code, out, err = await doctor("--capture", str(rec), "--json")
+        assert code == 0, err
+        assert json.loads(out)["backends"][0]["signals"]["backend"]["capacity"] == 4
+
+        bare = tmp_path / "without-logs"
+        code, out, err = await doctor("--url", url, "--log", log, "--record", str(bare))
+        assert code == 0, err
+        assert not (bare / "engine.log").exists() and "prompts" not in err
+
+        code, out, err = await doctor("--url", url, "--logs")
+        assert code == 2 and "--record" in err
+        code, out, err = await doctor("--url", url, "--record", str(tmp_path / "x"), "--logs")
+        assert code == 2 and "--log FILE" in err
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_doctor_config_log_with_bad_lines(tmp_path: Path) -> None:
+    """doctor -c with a ``logs:`` file holding a 10 MB line and invalid UTF-8 still reads the
+    server config line after them; a missing log file is named on stderr and the backend is
+    examined without its log."""
+    double = EngineDouble("ollama", reactor, slots=4)
+    lines = double.log_lines()
+    assert lines is not None
+    log = tmp_path / "ollama.log"
+    log.write_bytes(b"y" * 10_000_000 + b"\n\xff\xfe\xc3 not utf-8\n"
+                    + b"".join(ln + b"\n" for ln in lines))
+    fleet = await start_fleet([("ollama", {"slots": 4}, {"kind": "ollama"})])
+    url = fleet.doubles[0].url
+    try:
+        cfg = tmp_path / "pharos.yaml"
+        cfg.write_text(f"backends:\n  - url: {url}\n    kind: ollama\n    logs: file://{log}\n")
+        code, out, err = await doctor("-c", str(cfg), "--json")
+        assert code == 0, err
+        assert json.loads(out)["backends"][0]["signals"]["backend"]["capacity"] == 4
+        cfg.write_text(f"backends:\n  - url: {url}\n    kind: ollama\n"
+                       f"    logs: file://{tmp_path}/missing.log\n")
+        code, out, err = await doctor("-c", str(cfg), "--json")
+        assert code == 0, err
+        assert "missing.log" in err
+        (doc,) = json.loads(out)["backends"]
+        assert {d["probe"]: d["reason"] for d in doc["dropped"]}[
+            "ollama-log-num-parallel"] == "no log feed"
+    finally:
+        await fleet.stop()
