@@ -15,8 +15,11 @@ from typing import IO, Final
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 
 from pharos.discovery.feed import MAX_LINE_BYTES, LineSplitter, OnLine
+
+log = Logger()
 
 #: Seconds between polls of a file that has nothing new (spec §4: once a second).
 POLL_INTERVAL: Final = 1.0
@@ -53,6 +56,7 @@ class FileFeed:
         #: Counters for doctor and tests: rotations and truncations seen, overlong lines dropped.
         self.rotations = 0
         self.truncations = 0
+        self._warned_long = False
 
     def describe(self) -> str:
         """The file's URL."""
@@ -124,6 +128,11 @@ class FileFeed:
             self._splitter.feed(data)
             if self._done is None:  # on_line cancelled the feed
                 return
+            if self._splitter.too_long and not self._warned_long:
+                self._warned_long = True
+                log.warn("log feed {feed}: a line over {limit} bytes was dropped (further "
+                         "ones are dropped without a word)", feed=self.describe(),
+                         limit=self._max_line)
         if replaced and not data:
             # The old file is drained: a rotation moves on to the new file, a missing one ends.
             self._close()

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.python.logfile import DailyLogFile, LogFile
+from zope.interface import implementer
 
 from pharos.discovery.feed import MAX_LINE_BYTES, FeedUnavailable, LineSplitter, feed_for
 from pharos.discovery.logfile import CHUNK_BYTES, POLL_INTERVAL, FileFeed, FileGone
@@ -230,14 +232,26 @@ def test_gigabytes_at_once_keep_each_turn_bounded(tmp_path: Path) -> None:
 
 
 def test_a_10_mb_line_is_dropped_and_counted(tmp_path: Path) -> None:
-    """A 10 MB line is dropped whole (never held in memory past the limit) and counted; the
-    lines around it arrive."""
+    """A 10 MB line is dropped whole (never held in memory past the limit) and counted, and
+    logged once; the lines around it arrive."""
     path = tmp_path / "engine.log"
     path.write_bytes(b"a\n" + b"y" * 10_000_000 + b"\nb\n")
-    f = Followed(path)
-    f.poll()
-    assert f.lines == [b"a", b"b"]
-    assert f.feed.too_long == 1
+    seen: list[dict[str, Any]] = []
+    observer = implementer(ILogObserver)(lambda e: seen.append(e))
+    globalLogPublisher.addObserver(observer)
+    try:
+        f = Followed(path)
+        f.poll()
+        with path.open("ab") as out:
+            out.write(b"z" * 100_000 + b"\nc\n")
+        f.poll()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert f.lines == [b"a", b"b", b"c"]
+    assert f.feed.too_long == 2
+    warned = [e for e in seen if "dropped" in e.get("log_format", "")]
+    assert len(warned) == 1  # logged once, never the line itself
+    assert b"yyyy" not in repr(seen).encode()
     f.stop()
 
 
