@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application import strports
@@ -14,13 +15,17 @@ from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
-from pharos.config import Config, ConfigError, load_config
+from pharos.config import Config, ConfigError, load_config, read_peer_secret
 from pharos.engine.fetch import make_client
 from pharos.journal import Journal
 from pharos.obs.decisions import DecisionLog
 from pharos.obs.metrics import Metrics, MetricsPage
 from pharos.obs.pages import Pages, mount, with_pages
 from pharos.obs.reqlog import RequestLog
+from pharos.peer.membership import Membership
+from pharos.peer.node import PeerNode, TreqTransport
+from pharos.peer.site import peer_site
+from pharos.peer.wire import fingerprint
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.auth import Keyring
@@ -125,6 +130,25 @@ class PharosService(MultiService):
             self.public.on_done.append(self.request_log)
         self.pages: Pages = mount(self.public, self)
         self.state.on_down = self.public.backend_down
+        #: Run in order after the first scrape round, before the public listener opens
+        #: (state file, then peers' snapshots); and during drain after the streams ended.
+        self.restore_sources: list[Callable[[], Deferred[None]]] = []
+        self.on_leaving: list[Callable[[], Deferred[None]]] = []
+        self.peer_node: PeerNode | None = None
+        self.peer_secret: bytes | None = None
+        if config.peers is not None:
+            # Checked by load_config too; read again here, so a secret that went away since
+            # refuses the start rather than running peers unauthenticated.
+            self.peer_secret = read_peer_secret(config.peers.secret_file)
+            node = self.peer_node = PeerNode(
+                self.ledger.origin, lambda: fingerprint(self.config), self.sched, self.ledger,
+                TreqTransport(self.client, self.peer_secret), Membership(config.peers),
+                reactor)
+            self.sched.on_prefix = node.push
+            self.metrics.peers = node
+            self.pages.status_page.peers = node
+            self.restore_sources.append(node.pull_all)
+            self.on_leaving.append(node.leave)
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
         #: Hot reload (§10): the file watched, SIGHUP and ``POST /admin/reload``; None
@@ -225,6 +249,12 @@ def build(config: Config, reactor: Any, config_path: str | None = None,
     """The service tree for ``config`` on ``reactor``; ``config_path`` is watched for
     changes (hot reload); ``request_log``: one debug line per request."""
     top = PharosService(config, reactor, config_path=config_path, request_log=request_log)
+    if top.peer_node is not None and top.peer_secret is not None and config.peers is not None:
+        # The peer listener first (spec §12), so instances starting together can pull
+        # from each other before their public listeners open.
+        strports.service(config.peers.listen.strports(),
+                         peer_site(top.peer_node, top.peer_secret, None)).setServiceParent(top)
+        top.peer_node.setServiceParent(top)
     site = public_site(top)
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.
     strports.service(config.listen.strports(), site).setServiceParent(top)

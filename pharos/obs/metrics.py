@@ -37,6 +37,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from pharos.engine.signals import Residency
+from pharos.peer.node import PeerNode
 from pharos.proxy.done import DECISIONS, Done
 from pharos.sched import Scheduler
 from pharos.state.registry import BackendState
@@ -94,6 +95,8 @@ class Metrics(Collector):
         self.overhead = Histogram(OVERHEAD_BUCKETS)
         self.queue_wait: dict[str, Histogram] = {}
         self._known: set[str] = set()  # models some backend listed (labels as themselves)
+        #: The peer node, when peers are configured (its series are absent otherwise).
+        self.peers: PeerNode | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -158,6 +161,8 @@ class Metrics(Collector):
         yield from self._backends()
         yield from self._targets()
         yield from self._scheduler()
+        if self.peers is not None:
+            yield from self._peers(self.peers)
 
     def _requests(self) -> Iterator[Metric]:
         m = CounterMetricFamily("pharos_requests", "Finished requests by key, model and the "
@@ -274,6 +279,38 @@ class Metrics(Collector):
         for reason, n in sorted(sched.unfollowed.items()):
             m.add_metric((reason,), n)
         yield m
+
+    @staticmethod
+    def _peers(node: PeerNode) -> Iterator[Metric]:
+        """Per peer member: when it was last heard from (absent until it answered), whether
+        it speaks another wire proto or shares state under another fingerprint; the ops its
+        full pending list dropped; deltas this instance refused, by reason."""
+        heard = GaugeMetricFamily("pharos_peer_last_heard_timestamp_seconds",
+                                  "Unix time of the last successful exchange with the peer",
+                                  labels=["peer"])
+        proto = GaugeMetricFamily("pharos_peer_proto_mismatch",
+                                  "1 when the peer answered 409: another wire proto",
+                                  labels=["peer"])
+        fp = GaugeMetricFamily("pharos_peer_fingerprint_mismatch",
+                               "1 when the peer's backends, keys or usage zone differ",
+                               labels=["peer"])
+        dropped = CounterMetricFamily("pharos_peer_dropped_prefix_ops",
+                                      "Prefix ops dropped on the peer's full pending list",
+                                      labels=["peer"])
+        for p in node.peers.values():
+            if p.myself:
+                continue
+            if p.heard_at is not None:
+                heard.add_metric([p.member], p.heard_at)
+            proto.add_metric([p.member], float(p.proto_mismatch))
+            fp.add_metric([p.member], float(p.origin in node.fingerprint_mismatch))
+            dropped.add_metric([p.member], p.dropped_ops)
+        refused = CounterMetricFamily("pharos_peer_deltas_refused",
+                                      "Peer deltas (or parts) refused, by reason",
+                                      labels=["reason"])
+        for reason in ("garbage", "proto", "malformed", "snapshot"):
+            refused.add_metric([reason], node.refused.get(reason, 0))
+        yield from (heard, proto, fp, dropped, refused)
 
     def exposition(self) -> bytes:
         """The text format, as a scrape gets it."""

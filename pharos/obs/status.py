@@ -20,6 +20,7 @@ from twisted.web.template import Tag, flattenString, tags
 
 from pharos.engine.doctor import BackendReport
 from pharos.engine.signals import FAST_SIGNALS, LOAD_ORDER, Residency, Signal, Snapshot, merge
+from pharos.peer.node import PeerNode
 from pharos.sched import Scheduler
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
@@ -125,6 +126,8 @@ class StatusPage:
         self.sched = sched
         self.ledger = ledger
         self.recent = recent
+        #: The peer node, when peers are configured (a Peers section then).
+        self.peers: PeerNode | None = None
 
     def render(self) -> Deferred[bytes]:
         """The page, as bytes (fires at once: nothing in it waits)."""
@@ -148,7 +151,24 @@ class StatusPage:
                 self.requests(),
                 tags.h2("Usage by key"),
                 *self.usage(),
+                *(self.peer_section(self.peers, now) if self.peers is not None else ()),
             ))
+
+    @staticmethod
+    def peer_section(node: PeerNode, now: float) -> list[Tag]:
+        """Each peer member: its origin, whether it is connected, when last heard, and what
+        is wrong with the link (a partition, another proto, another fingerprint)."""
+        rows = [(p.member, _show(p.origin), "this instance" if p.myself else
+                 "yes" if p.connected else "no", _age(now, p.heard_at), p.failing or "",
+                 "proto" if p.proto_mismatch else
+                 "fingerprint" if p.origin in node.fingerprint_mismatch else "",
+                 str(len(p.pending)), str(p.dropped_ops))
+                for p in node.peers.values()]
+        return [tags.h2("Peers"),
+                tags.p("origin ", tags.code(node.origin), ", fingerprint ",
+                       tags.code(node.fingerprint())),
+                _table(("member", "origin", "connected", "last heard", "failing", "mismatch",
+                        "pending ops", "dropped ops"), rows)]
 
     def backend(self, b: BackendState, now: float) -> Tag:
         """One backend's section: identity, rounds, plan, targets."""

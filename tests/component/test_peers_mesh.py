@@ -387,3 +387,31 @@ def test_node_never_sends_to_itself_nor_queues_ops_for_itself(
     assert node.peers["a:1"].pending == []
     assert [len(node.peers[m].pending) for m in ("b:1", "c:1")] == [2, 2]
     assert node.peers["b:1"].dropped_ops == 3
+
+
+def test_metrics_and_status_show_each_peer(
+        mesh: tuple[list[Instance], MemoryNetwork, Clock]) -> None:
+    """/metrics has each other member's last-heard time and mismatch flags (none for the
+    member that is this instance); a partition stops the heard time; /status lists them."""
+    from twisted.web.template import flattenString
+
+    from pharos.obs.metrics import Metrics
+    from pharos.obs.status import StatusPage
+
+    insts, net, clock = mesh
+    a = insts[0]
+    families = {m.name: m for m in Metrics._peers(a.node)}
+    heard = {s.labels["peer"]: s.value for s in
+             families["pharos_peer_last_heard_timestamp_seconds"].samples}
+    assert set(heard) == {"b:1", "c:1"}
+    net.cut.add("c:1")
+    tick(clock, 5)
+    families = {m.name: m for m in Metrics._peers(a.node)}
+    later = {s.labels["peer"]: s.value for s in
+             families["pharos_peer_last_heard_timestamp_seconds"].samples}
+    assert later["c:1"] == heard["c:1"] and later["b:1"] > heard["b:1"]
+    assert all(s.value == 0 for s in families["pharos_peer_proto_mismatch"].samples)
+    out: list[bytes] = []
+    flattenString(None, StatusPage.peer_section(a.node, clock.seconds())[-1]).addCallback(
+        out.append)
+    assert b"c:1" in out[0] and b"this instance" in out[0]
