@@ -225,6 +225,7 @@ async def test_a_bad_file_keeps_the_running_config(tmp_path: Path) -> None:
             assert code == 422, doc
             assert doc["error"]["code"] == "invalid_config" and len(doc["errors"]) == 2
             assert any("drian" in e for e in doc["errors"])
+            assert callable(signal.getsignal(signal.SIGHUP))  # never the default: exit
             os.kill(os.getpid(), signal.SIGHUP)
             await eventually(lambda: sum("not reloaded" in line for line in log.lines) == 2)
         assert any("drian" in line for line in log.lines)
@@ -254,6 +255,7 @@ async def test_sighup_in_process_applies_a_new_key(tmp_path: Path) -> None:
         stamp = r.path.stat()
         r.write(["vllm", "ollama"], [key("ops", ADMIN, admin=True), key("dave", DAVE)])
         os.utime(r.path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert callable(signal.getsignal(signal.SIGHUP))  # never the default: exit
         os.kill(os.getpid(), signal.SIGHUP)
         await eventually(lambda: [k.name for k in r.pharos.config.keys] == ["ops", "dave"])
         assert (await r.call("POST", "/v1/chat/completions", DAVE, chat(LLAMA)))[0] == 200

@@ -180,11 +180,13 @@ def test_sighup_schedules_a_reload_and_stopping_restores_the_handler(tmp_path: P
         hup = Sighup(reactor, w.reload)  # type: ignore[arg-type]
         hup.startService()
         write(path, f"keys: [{{name: b, sha256: {A}}}]\n", 1000)
+        assert callable(signal.getsignal(signal.SIGHUP))  # never the default: exit
         os.kill(os.getpid(), signal.SIGHUP)
         assert len(reactor.calls) == 1 and applied == [] and seen == []
         reactor.calls[0]()
         assert [k.name for k in applied[-1].keys] == ["b"]
         hup.stopService()
+        assert signal.getsignal(signal.SIGHUP) != hup._handle  # the test's own is back
         os.kill(os.getpid(), signal.SIGHUP)
         assert seen == [signal.SIGHUP] and len(reactor.calls) == 1
     finally:
@@ -201,6 +203,7 @@ def test_a_bad_file_on_sighup_keeps_the_running_config(tmp_path: Path) -> None:
     hup.startService()
     try:
         write(path, "keys: [{name: a, sha256: nothex}]\n", 2000)
+        assert callable(signal.getsignal(signal.SIGHUP))  # never the default: exit
         os.kill(os.getpid(), signal.SIGHUP)
         (call,) = reactor.calls
         call()
