@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -10,12 +11,15 @@ from twisted.application import strports
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
+from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
 from pharos.config import Config, ConfigError, load_config, read_peer_secret
+from pharos.discovery.docker import DockerAPI, socket_from_env
+from pharos.discovery.service import Discovery
 from pharos.engine.fetch import make_client
 from pharos.journal import Journal
 from pharos.obs.decisions import DecisionLog
@@ -34,10 +38,13 @@ from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.public import PublicAPI
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.sched import Guards, Scheduler
+from pharos.state.logs import default_feeds
 from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
 from pharos.usage import Ledger
 from pharos.watchdog import Watchdog
+
+log = Logger()
 
 # A factory per engine connection would log its start and stop at info, twice a request.
 _HTTP11ClientFactory.noisy = False
@@ -92,14 +99,20 @@ class PharosService(MultiService):
     """The top of the service tree; children start in order and stop in reverse."""
 
     def __init__(self, config: Config, reactor: Any, load_interval: float = LOAD_INTERVAL,
-                 config_path: str | None = None, request_log: bool = False) -> None:
+                 config_path: str | None = None, request_log: bool = False,
+                 docker_socket: str | None = None, resolver: Any = None) -> None:
         super().__init__()
         self.config = config
         self.pool = HTTPConnectionPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = POOL_PER_HOST
         self.pool.cachedConnectionTimeout = POOL_IDLE_SEC
         self.client = make_client(reactor, self.pool)
-        self.state = State(reactor, self.client, load_interval=load_interval)
+        #: The Docker daemon (label discovery, ``docker://`` log feeds); None without one
+        #: (``makeService`` finds it from the environment, tests pass a fake's socket).
+        self.docker = DockerAPI(reactor, docker_socket) if docker_socket else None
+        self.state = State(reactor, self.client, load_interval=load_interval,
+                           log_feed_for=default_feeds(
+                               reactor, self.docker.log_feed if self.docker else None))
         policy, guards = _routing(config)
         self.sched = Scheduler(self.state, policy,
                                index=PrefixIndex(config.routing.prefix_entries), guards=guards)
@@ -149,6 +162,10 @@ class PharosService(MultiService):
             self.pages.status_page.peers = node
             self.restore_sources.append(node.pull_all)
             self.on_leaving.append(node.leave)
+        #: The backend set: static ∪ Docker ∪ DNS (spec §10), before the scrapers it feeds.
+        self.discovery = Discovery(self.state.set_backends, reactor, config.backends,
+                                   config.dns_backends, docker=self.docker, resolver=resolver)
+        self.discovery.setServiceParent(self)
         self.state.service.setServiceParent(self)
         Watchdog(self.sched, reactor, older_than=config.drain.timeout).setServiceParent(self)
         #: Hot reload (§10): the file watched, SIGHUP and ``POST /admin/reload``; None
@@ -171,8 +188,7 @@ class PharosService(MultiService):
         self.public.keyring = Keyring(config.keys, config.tenants)
         self.sched.policy, self.sched.guards = _routing(config)
         self.public.timeouts = config.timeouts
-        if self.running:
-            self.state.set_backends(config.backends)
+        self.discovery.set_static(config.backends, config.dns_backends)
 
     def _round(self, backend: BackendState) -> None:
         """A scrape round ended: learn capacities from it, then re-run the waiters."""
@@ -180,8 +196,7 @@ class PharosService(MultiService):
         self.sched.kick()
 
     def startService(self) -> None:
-        """Start scraping the configured backends."""
-        self.state.set_backends(self.config.backends)
+        """Start the children; Discovery hands the static backends to State first."""
         super().startService()
 
     def privilegedStartService(self) -> None:
@@ -245,10 +260,12 @@ def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
 
 
 def build(config: Config, reactor: Any, config_path: str | None = None,
-          request_log: bool = False) -> PharosService:
+          request_log: bool = False, docker_socket: str | None = None) -> PharosService:
     """The service tree for ``config`` on ``reactor``; ``config_path`` is watched for
-    changes (hot reload); ``request_log``: one debug line per request."""
-    top = PharosService(config, reactor, config_path=config_path, request_log=request_log)
+    changes (hot reload); ``request_log``: one debug line per request; ``docker_socket``:
+    the Docker daemon to discover labelled containers from."""
+    top = PharosService(config, reactor, config_path=config_path, request_log=request_log,
+                        docker_socket=docker_socket)
     if top.peer_node is not None and top.peer_secret is not None and config.peers is not None:
         # The peer listener first (spec §12), so instances starting together can pull
         # from each other before their public listeners open.
@@ -270,5 +287,8 @@ def makeService(options: Any) -> IService:
 
         return demo_service(reactor, options["parsed"])
     config: Config = options["parsed"]
+    docker_socket, why = socket_from_env(os.environ)
+    if docker_socket is None:
+        log.info("Docker discovery off: {why}", why=why)
     return build(config, reactor, config_path=options["config"],
-                 request_log=options["log-level"] == "debug")
+                 request_log=options["log-level"] == "debug", docker_socket=docker_socket)

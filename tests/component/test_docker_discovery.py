@@ -10,6 +10,7 @@ Discovery's backoff runs on a ``Clock`` the test advances; the I/O runs on the r
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -23,16 +24,20 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock, LoopingCall
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
+from twisted.web.client import HTTPConnectionPool
 from zope.interface import implementer
 
-from pharos.config import Backend, LogFeed
+from pharos.config import Backend, Config, Listen, LogFeed
 from pharos.discovery.docker import DockerAPI, DockerDiscovery, DockerLogFeed
 from pharos.discovery.feed import feed_for
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import Fetcher
+from pharos.sim.double import start_double
 from pharos.state.state import State
+from pharos.tap import PharosService, public_site
+from tests.component.capture_server import serve
 from tests.component.fake_docker import FakeDocker
-from tests.component.fleet import eventually, sleep, within
+from tests.component.fleet import FAST, Fleet, eventually, sleep, within
 
 ENABLED = {"pharos.enable": "true"}
 
@@ -328,3 +333,41 @@ async def test_a_thousand_containers_bad_labels_logged_once(
     assert sum("tensorrt" in w for w in left_out) == 250
     print(f"\nlongest reactor pause during 1,000-container lists: {max(gaps) * 1000:.0f} ms")
     assert max(gaps) < 2.0  # generous: a stall would be seconds
+
+
+@pytest_twisted.ensureDeferred
+async def test_pharos_routes_to_a_labelled_container_and_reads_its_log(rig: Rig) -> None:
+    """End to end through PharosService: with an empty static list and the fake's socket, an
+    Ollama double labelled pharos.enable (pharos.url pointing at it on loopback) is
+    discovered, answers a chat through Pharos, and gets capacity 4 from its container log
+    (OLLAMA_NUM_PARALLEL:4); a reload adds a static backend and keeps the Docker one."""
+    double, port = start_double("ollama", reactor, **dict[str, Any]({**FAST, "slots": 4}))
+    lines = double.log_lines()
+    assert lines is not None
+    c = rig.fake.run("ollama-1", {**ENABLED, "pharos.url": double.url, "pharos.kind": "ollama"},
+                     ports=(11434,))
+    for line in lines:
+        rig.fake.write_log(c, line, stream=2)  # Ollama logs on stderr
+    cfg = Config(listen=Listen("127.0.0.1:0"))
+    top = PharosService(cfg, reactor, load_interval=0.1, docker_socket=rig.path)
+    top.startService()
+    listening, url = serve(public_site(top))
+    fleet = Fleet([double], top, url, HTTPConnectionPool(reactor, persistent=False),
+                  [port, listening])
+    try:
+        await eventually(lambda: double.url in top.state.backends, 30)
+        b = top.state.backends[double.url]
+        assert b.spec.logs == LogFeed("docker", c.id)
+        await eventually(lambda: any(t.backend is b for t in top.state.targets), 30)
+        target = next(t for t in top.state.targets if t.backend is b)
+        await eventually(lambda: top.state.view(target).capacity == 4, 30)
+        r = await fleet.chat(target.model)
+        assert r.code == 200, await r.content()
+        other, other_port = start_double("ollama", reactor, **dict[str, Any]({**FAST, "slots": 1}))
+        fleet.doubles.append(other)
+        fleet.ports.append(other_port)
+        top.reconfigure(dataclasses.replace(cfg, backends=(Backend(url=other.url),)))
+        assert sorted(top.state.backends) == sorted([double.url, other.url])
+        assert top.state.backends[double.url] is b
+    finally:
+        await fleet.stop()
