@@ -469,7 +469,8 @@ def reload_diff(old: Config, new: Config) -> tuple[list[str], list[str]]:
 
 #: ``reload_diff`` names whose place in the file differs (the dataclass flattens the YAML).
 _FILE_NAMES: Final = {"timeouts.first_byte_generate": "timeouts.first_byte.generate",
-                      "timeouts.first_byte_embeddings": "timeouts.first_byte.embeddings"}
+                      "timeouts.first_byte_embeddings": "timeouts.first_byte.embeddings",
+                      "dns_backends": "backends"}
 
 
 def file_name(name: str) -> str:

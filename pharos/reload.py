@@ -84,8 +84,8 @@ class ConfigWatcher(TimerService):
                       path=self.path, errors=str(e))
             return Reloaded(errors=tuple(e.errors))
         live, restart = reload_diff(self.current, new)
-        shown = Reloaded(applied=tuple(map(file_name, live)),
-                         restart=tuple(map(file_name, restart)))
+        shown = Reloaded(applied=tuple(dict.fromkeys(map(file_name, live))),
+                         restart=tuple(dict.fromkeys(map(file_name, restart))))
         if restart:
             log.warn("config {path}: {fields} changed and need a restart; not applied",
                      path=self.path, fields=", ".join(shown.restart))

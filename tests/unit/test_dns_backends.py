@@ -269,3 +269,21 @@ def test_not_running_pushes_nothing() -> None:
     d.startService()
     assert [b.url for b in pushed[-1]] == ["http://b:1"]
     d.stopService()
+
+
+def test_a_reload_applies_dns_entries_live_named_backends(tmp_path: Any) -> None:
+    """Adding a dns: entry to the file is a live change of ``backends`` (as the operator
+    wrote it), and the applied config carries it to ``Discovery.set_static``."""
+    from pharos.config import load_config
+    from pharos.reload import ConfigWatcher
+
+    path = tmp_path / "pharos.yaml"
+    path.write_text("backends: [{url: 'http://a:1'}]\n")
+    applied: list[Any] = []
+    watcher = ConfigWatcher(str(path), load_config(path), applied.append)
+    path.write_text(f"backends: [{{url: 'http://b:1'}}, {{dns: {NAME}, port: 11434}}]\n")
+    result = watcher.reload()
+    assert result.applied == ("backends",) and result.restart == ()
+    (config,) = applied
+    assert [b.url for b in config.backends] == ["http://b:1"]
+    assert [g.name for g in config.dns_backends] == [NAME]
