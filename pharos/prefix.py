@@ -468,8 +468,16 @@ class PrefixIndex:
         ``key_of`` (a target it names ``None`` is left out). With ``gens``, stale slots are left
         out too: a receiver stamps what it merges with its own current gen, so a dead slot must
         not travel."""
+        return list(self.iter_export(key_of, gens))
+
+    def iter_export(
+        self, key_of: Callable[[int], str | None],
+        gens: Mapping[int, int] | Callable[[int], int | None] | None = None,
+    ) -> Iterator[Entry]:
+        """``export`` one entry at a time, for a caller that yields to the reactor between
+        batches (a full index takes seconds to export). The index must not change meanwhile:
+        iterate a ``copy_in_steps`` copy."""
         gen_of = _gen_getter(gens) if gens is not None else None
-        out: list[Entry] = []
         for key in self._ordered(newest_first=True):
             shard = self._shards[key % self._n]
             wire: list[WireSlot] = []
@@ -483,8 +491,21 @@ class PrefixIndex:
                 if target_key is not None:
                     wire.append(WireSlot(target_key, last_used))
             if wire:
-                out.append(Entry(key, tuple(wire)))
-        return out
+                yield Entry(key, tuple(wire))
+
+    def copy_in_steps(self) -> Iterator[PrefixIndex | None]:
+        """An independent copy, one shard per step: yields ``None`` after each shard but the
+        last, then the copy. Slots are immutable ints and tuples, so copying each shard's dict
+        is enough; a shard of 2**16 entries takes a few ms, and a snapshot must not hold the
+        reactor for every shard at once (§12 state file)."""
+        other = PrefixIndex.__new__(PrefixIndex)
+        other.capacity, other._n, other._caps = self.capacity, self._n, list(self._caps)
+        other._shards = []
+        for i, shard in enumerate(self._shards):
+            other._shards.append(dict(shard))
+            if i < self._n - 1:
+                yield None
+        yield other
 
     def merge(
         self, items: Iterable[Entry | PrefixOp],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from treq.client import HTTPClient
 from twisted.application.service import MultiService
@@ -27,7 +27,7 @@ from pharos.state.registry import (
     rename,
     view_of,
 )
-from pharos.state.stats import Sample, learn
+from pharos.state.stats import Sample, adopt, export_stats, learn, parse_stats
 
 log = Logger()
 
@@ -49,6 +49,9 @@ DOWN_AFTER_FAILED_ROUNDS = 2
 REPLYING_INTERVALS = 3
 #: Round spacing varies by up to this fraction, so backends do not scrape in step.
 JITTER = 0.1
+#: Restored stats kept for targets not seen yet (a snapshot names at most every target of its
+#: fleet; the oldest go first past this).
+MAX_PENDING_STATS = 4096
 
 
 class State:
@@ -102,6 +105,8 @@ class State:
         self._waiting_ready: list[Deferred[None]] = []
         self._first_set: set[str] | None = None
         self.ready = False
+        #: Restored estimates of targets not registered yet, by target key (``merge_stats``).
+        self._pending_stats: OrderedDict[str, dict[str, float | None]] = OrderedDict()
 
     # --- backends ------------------------------------------------------------------------
 
@@ -207,8 +212,16 @@ class State:
             t = Target(len(self.targets), backend, model, served)
             self.targets.append(t)
             self._by_key[(backend.url, model)] = t
+            pending = self._pending_stats.pop(t.key, None)
+            if pending is not None:
+                adopt(t.stats, pending)
         t.backend = backend
         return t
+
+    def by_key(self, key: str) -> Target | None:
+        """The target a peer or a snapshot names by ``Target.key`` (None: not seen here)."""
+        url, sep, model = key.partition("#")  # a URL has no "#"; a model name may
+        return self._by_key.get((url, model)) if sep else None
 
     def target_of(self, backend: BackendState, model: str) -> Target | None:
         """The target for backend × model, if registered."""
@@ -259,6 +272,42 @@ class State:
         learn(target.stats, sample)
         if sample.ok and not sample.control:
             target.loaded_reply_at = now
+
+    # --- replication (spec §12 Stats: snapshot only) ----------------------------------------
+
+    def export_stats(self) -> list[dict[str, object]]:
+        """Every target's estimates that are known (this process's own or restored), by target
+        key, for a snapshot."""
+        out: list[dict[str, object]] = []
+        for t in self.targets:
+            values = export_stats(t.stats)
+            if any(v is not None for v in values.values()):
+                out.append({"target": t.key, **values})
+        return out
+
+    def merge_stats(self, rows: Iterable[Mapping[str, object]]) -> tuple[int, int]:
+        """Take a snapshot's estimates for the estimates with no local sample; rows for targets
+        not seen yet are kept (up to ``MAX_PENDING_STATS``) and taken when the target is
+        registered. All or nothing: a malformed row raises ``ValueError`` before any is taken.
+        Returns (rows taken now, rows kept for later)."""
+        parsed: list[tuple[str, dict[str, float | None]]] = []
+        for raw in rows:
+            key = raw.get("target")
+            if not isinstance(key, str):
+                raise ValueError(f"stats: target must be a string, not {key!r}")
+            parsed.append((key, parse_stats(raw)))
+        taken = kept = 0
+        for key, values in parsed:
+            t = self.by_key(key)
+            if t is not None:
+                taken += adopt(t.stats, values)
+                continue
+            self._pending_stats.pop(key, None)
+            self._pending_stats[key] = values
+            kept += 1
+            while len(self._pending_stats) > MAX_PENDING_STATS:
+                self._pending_stats.popitem(last=False)
+        return taken, kept
 
     # --- publishing rounds ---------------------------------------------------------------
 

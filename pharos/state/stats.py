@@ -3,6 +3,8 @@ until their first sample, never 0."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 #: Weight of a new sample: about the last ten requests count.
@@ -84,3 +86,41 @@ def learn(stats: TargetStats, s: Sample) -> bool:
                 # lose traffic, and keep the slow estimate for want of new samples.
                 stats.prefill_sec_per_token.add(seen / uncached)
     return cold
+
+
+#: The estimates a snapshot carries (spec §12 ``Stats``), by their field names on the wire.
+STAT_FIELDS = ("prefill_sec_per_token", "load_sec", "service_sec")
+
+
+def export_stats(stats: TargetStats) -> dict[str, float | None]:
+    """The target's estimates for a snapshot; unknown ones are ``None``, never 0."""
+    return {name: getattr(stats, name).value for name in STAT_FIELDS}
+
+
+def parse_stats(raw: Mapping[str, object]) -> dict[str, float | None]:
+    """One snapshot row's estimates back (unknown fields are ignored, a missing one is
+    unknown); ``ValueError`` names a value that is not a finite non-negative number."""
+    out: dict[str, float | None] = {}
+    for name in STAT_FIELDS:
+        value = raw.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"stats: {name} must be a non-negative number or null, "
+                             f"not {value!r}")
+        out[name] = None if value is None else float(value)
+    return out
+
+
+def adopt(stats: TargetStats, values: Mapping[str, float | None]) -> bool:
+    """Take restored estimates where this process has no sample of its own (spec §12: stats
+    are used only for targets with no local samples). The adopted value counts no sample, so
+    the first local one moves it by ``ALPHA`` and a later snapshot may still replace it.
+    Returns whether anything was taken."""
+    took = False
+    for name in STAT_FIELDS:
+        value = values.get(name)
+        ewma: Ewma = getattr(stats, name)
+        if value is not None and ewma.samples == 0:
+            ewma.value = value
+            took = True
+    return took
