@@ -260,7 +260,8 @@ class DockerAPI:
             if len(chunks) > limit:
                 raise DockerError(f"an answer larger than {limit} bytes")
 
-        await self.stream(response, take)
+        # A body that stalls halfway is as dead as one that never starts.
+        await self.stream(response, take).addTimeout(self.timeout, self.clock)
         return bytes(chunks)
 
     def stream(self, response: IResponse, on_data: Callable[[bytes], None]) -> Deferred[None]:

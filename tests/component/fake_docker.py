@@ -9,6 +9,7 @@ does) each emit the events the daemon emits; ``write_log`` appends to a containe
 ``/containers/{id}/logs`` serves multiplexed (stdcopy frames) or raw for a TTY container, and
 follows until the container stops. Bad-input switches: ``garbage`` (the socket answers bytes
 that are not HTTP), ``list_garbage`` (``/containers/json`` answers 200 with non-JSON),
+``list_stalls`` (it sends the start of a list and nothing more),
 ``cut_events`` (open event streams send half a line and close).
 """
 
@@ -162,6 +163,8 @@ class FakeDocker(Resource):
         self.requests: list[str] = []
         self.garbage = False
         self.list_garbage = False
+        self.list_stalls = False
+        self._stalled: list[Request] = []
         self._watchers: list[_Watcher] = []
         self._followers: list[_Follower] = []
         self._serial = 0
@@ -178,7 +181,8 @@ class FakeDocker(Resource):
 
     async def close(self) -> None:
         """End every open stream and stop listening."""
-        for r in [w.request for w in self._watchers] + [f.request for f in self._followers]:
+        for r in ([w.request for w in self._watchers] + [f.request for f in self._followers]
+                  + self._stalled):
             self._finish(r)
         self._watchers.clear()
         self._followers.clear()
@@ -342,7 +346,12 @@ class FakeDocker(Resource):
         hits = [c for c in self.containers.values() if c.id.startswith(ref)]
         return hits[0] if len(hits) == 1 else None
 
-    def _list(self, request: Request, args: dict[str, str]) -> bytes:
+    def _list(self, request: Request, args: dict[str, str]) -> bytes | int:
+        if self.list_stalls:
+            request.setHeader(b"Content-Type", b"application/json")
+            request.write(b'[{"Id":"')  # and nothing more
+            self._stalled.append(request)
+            return NOT_DONE_YET
         if self.list_garbage:
             request.setHeader(b"Content-Type", b"application/json")
             return b"<html>502 Bad Gateway</html>"

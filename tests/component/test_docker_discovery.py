@@ -371,3 +371,26 @@ async def test_pharos_routes_to_a_labelled_container_and_reads_its_log(rig: Rig)
         assert top.state.backends[double.url] is b
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_list_that_stalls_halfway_times_out(warnings: list[str]) -> None:
+    """/containers/json sends the start of a list and nothing more: the read times out (the
+    request deadline covers the body, not just the head), the last set stays, logged once."""
+    rig = Rig()
+    rig.api = DockerAPI(reactor, rig.path, timeout=0.5)
+    try:
+        rig.fake.run("a", ENABLED, ports=(1000,), networks={"n": "10.0.0.1"})
+        d = rig.discovery()
+        await eventually(lambda: urls(d) == ["http://10.0.0.1:1000"], 10)
+        rig.fake.list_stalls = True
+        rig.fake.run("b", ENABLED, ports=(1000,), networks={"n": "10.0.0.2"})
+        await eventually(lambda: d.connected is False, 10)
+        await retries(rig.clock, 2)
+        assert urls(d) == ["http://10.0.0.1:1000"]
+        assert len([w for w in warnings if "lost" in w]) == 1, warnings
+        rig.fake.list_stalls = False
+        rig.clock.advance(60)
+        await eventually(lambda: len(d.backends) == 2, 10)
+    finally:
+        await rig.close()
