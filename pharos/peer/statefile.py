@@ -1,0 +1,161 @@
+"""The state file (spec §12, ``state_file:``): the Snapshot on disk, so a single instance keeps
+its prefix index, usage and speeds across restarts.
+
+Written every ``WRITE_EVERY`` seconds and once more at shutdown (after the drain, so nothing
+counted is lost): the snapshot is built in steps on the reactor (``snapshot.build``), then
+written to a temporary file beside it, synced and renamed over it in a thread, so a crash
+mid-write leaves the previous file whole. At start it is read and decoded in a thread and
+merged in steps through the same ``restore`` peers use; a missing file is a first start, and
+a truncated or corrupt one is logged and the instance starts empty rather than not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from pharos.peer import snapshot
+from pharos.peer.snapshot import Replicas, Snapshot, SnapshotError
+
+log = Logger()
+
+#: Seconds between writes (spec §12).
+WRITE_EVERY: Final = 30.0
+
+#: Runs a blocking function off the reactor thread (``deferToThreadPool``; tests run it
+#: in place).
+InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
+
+
+def in_place(f: Callable[[], Any]) -> Deferred[Any]:
+    """An ``InThread`` that runs ``f`` at once (tests, tools)."""
+    return maybeDeferred(f)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """``data`` to ``path`` through a synced temporary file renamed over it (blocking)."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_snapshot(path: str) -> Snapshot | None:
+    """The decoded file; None when there is none (blocking; raises ``OSError`` or
+    ``SnapshotError``)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return snapshot.decode(data)
+
+
+class StateFile(Service):
+    """Writes the state file every ``interval`` seconds while running; ``write`` writes it
+    now (the final write of a shutdown); ``restore`` is the first of ``restore_sources``."""
+
+    def __init__(self, path: str, replicas: Replicas, clock: IReactorTime,
+                 in_thread: InThread = in_place, interval: float = WRITE_EVERY) -> None:
+        self.path = path
+        self.replicas = replicas
+        self.clock = clock
+        self.in_thread = in_thread
+        self.interval = interval
+        self._call: IDelayedCall | None = None
+        self._writing: Deferred[None] | None = None
+        #: Writes that succeeded and failed (``/status``, tests).
+        self.written = 0
+        self.failed = 0
+
+    def startService(self) -> None:
+        super().startService()
+        self._schedule()
+
+    def stopService(self) -> Deferred[None]:
+        """Stop the timer; fires once a write under way has ended (the final write is the
+        drain's, ``write``)."""
+        super().stopService()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        return self._idle()
+
+    def _schedule(self) -> None:
+        if self.running:
+            self._call = self.clock.callLater(self.interval, self._tick)
+
+    def _tick(self) -> None:
+        self._call = None
+        self.write().addBoth(lambda _: self._schedule())
+
+    def _idle(self) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if self._writing is None:
+            d.callback(None)
+        else:
+            self._writing.addBoth(lambda _: d.callback(None))
+        return d
+
+    def write(self) -> Deferred[None]:
+        """Build and write the file now (after a write under way, never two at once). Never
+        fails: a failure is logged and counted, and the previous file stays."""
+        async def go() -> None:
+            await self._idle()
+            data = await snapshot.build(self.replicas, self.clock)
+            await self.in_thread(lambda: write_atomically(self.path, data))
+
+        d = Deferred.fromCoroutine(go())
+        self._writing = d
+
+        def written(_: object) -> None:
+            self.written += 1
+
+        def failed(f: Failure) -> None:
+            self.failed += 1
+            log.error("state file {path} not written, the previous one stays: {why}",
+                      path=self.path, why=f.getErrorMessage())
+
+        def idle(_: object) -> None:
+            if self._writing is d:
+                self._writing = None
+
+        d.addCallbacks(written, failed).addBoth(idle)
+        return d
+
+    def restore(self) -> Deferred[None]:
+        """Read, decode and merge the file (a ``restore_sources`` entry). Never fails: a
+        missing file is a first start; an unreadable, truncated or corrupt one is logged and
+        the instance starts without it."""
+        async def go() -> None:
+            try:
+                snap = await self.in_thread(lambda: read_snapshot(self.path))
+            except (OSError, SnapshotError) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                log.error("state file {path} not restored, starting empty: {why}",
+                          path=self.path, why=why)
+                return
+            if snap is None:
+                log.info("state file {path}: none yet, starting empty", path=self.path)
+                return
+            got = await snapshot.restore_in_steps(self.replicas, snap, self.clock)
+            log.info("state file {path} restored (taken {age:.0f} s ago): {got}",
+                     path=self.path, age=self.clock.seconds() - snap.taken_at, got=str(got))
+
+        return Deferred.fromCoroutine(go())
