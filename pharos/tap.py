@@ -29,6 +29,9 @@ from pharos.obs.reqlog import RequestLog
 from pharos.peer.membership import Membership
 from pharos.peer.node import PeerNode, TreqTransport
 from pharos.peer.site import peer_site
+from pharos.peer.snapshot import Replicas, restore_in_steps
+from pharos.peer.snapshot import build as build_snapshot
+from pharos.peer.snapshot import decode as decode_snapshot
 from pharos.peer.wire import fingerprint
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
@@ -147,6 +150,8 @@ class PharosService(MultiService):
         #: (state file, then peers' snapshots); and during drain after the streams ended.
         self.restore_sources: list[Callable[[], Deferred[None]]] = []
         self.on_leaving: list[Callable[[], Deferred[None]]] = []
+        #: The replicated modules snapshots are taken from and merged into (spec §12).
+        self.replicas = Replicas(self.state, self.sched.index, self.ledger)
         self.peer_node: PeerNode | None = None
         self.peer_secret: bytes | None = None
         if config.peers is not None:
@@ -156,7 +161,8 @@ class PharosService(MultiService):
             node = self.peer_node = PeerNode(
                 self.ledger.origin, lambda: fingerprint(self.config), self.sched, self.ledger,
                 TreqTransport(self.client, self.peer_secret), Membership(config.peers),
-                reactor)
+                reactor, restore=lambda data: restore_in_steps(
+                    self.replicas, decode_snapshot(data), reactor))
             self.sched.on_prefix = node.push
             self.metrics.peers = node
             self.pages.status_page.peers = node
@@ -270,7 +276,9 @@ def build(config: Config, reactor: Any, config_path: str | None = None,
         # The peer listener first (spec §12), so instances starting together can pull
         # from each other before their public listeners open.
         strports.service(config.peers.listen.strports(),
-                         peer_site(top.peer_node, top.peer_secret, None)).setServiceParent(top)
+                         peer_site(top.peer_node, top.peer_secret,
+                                   lambda: build_snapshot(top.replicas, reactor)),
+                         ).setServiceParent(top)
         top.peer_node.setServiceParent(top)
     site = public_site(top)
     # strports raises at start when the port is busy, so twistd exits non-zero naming it.

@@ -132,8 +132,8 @@ class PeerNode(Service):
     """Sender loops, delta merges and snapshot pulls for one instance.
 
     ``fingerprint`` is called per delta (a hot reload may change it); ``restore`` merges a
-    snapshot's bytes (``pharos.peer.snapshot.decode`` + ``restore``) and raises ``ValueError``
-    on a bad one.
+    snapshot's bytes (``pharos.peer.snapshot.decode`` + ``restore_in_steps``; it may return a
+    Deferred) and raises ``ValueError`` on a bad one.
     """
 
     def __init__(self, origin: str, fingerprint: Callable[[], str], sched: Scheduler,
@@ -341,7 +341,9 @@ class PeerNode(Service):
                     peer.proto_mismatch = True
                 return False
             try:
-                self.restore(reply.body)
+                merged = self.restore(reply.body)
+                if isinstance(merged, Deferred):
+                    await merged
             except ValueError as e:
                 log.warn("peers: snapshot from {member} refused: {why}", member=peer.member,
                          why=str(e))

@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pharos.config import Config
+from pharos.peer.snapshot import PROTO
 from pharos.prefix import PrefixOp
 
-#: The wire version (to be imported from ``pharos.peer.snapshot``, which defines it for
-#: deltas, snapshots and the state file alike, once that module is in).
-PROTO: Final = 1
 #: Prefix ops one delta may carry: a peer's pending list holds at most this many.
 MAX_OPS: Final = 10_000
 #: Links one prefix op may name (a chain of 1 KiB blocks: 64 MiB of prompt).

@@ -415,3 +415,55 @@ def test_metrics_and_status_show_each_peer(
     flattenString(None, StatusPage.peer_section(a.node, clock.seconds())[-1]).addCallback(
         out.append)
     assert b"c:1" in out[0] and b"this instance" in out[0]
+
+
+def test_reconnect_pulls_a_snapshot_that_heals_what_deltas_do_not_carry() -> None:
+    """C is cut off while A records prompts (their ops to C are lost) and holds the cells of
+    an instance that is gone (deltas carry only their sender's cells). When C is heard
+    again after more than RECONNECT_AFTER, A's delta succeeds, A pulls C's snapshot and C
+    pulls A's: C ends with A's prefix entries and the departed instance's usage."""
+    from twisted.internet.defer import succeed
+
+    from pharos.peer.snapshot import Replicas, build_now, restore
+    from pharos.peer.snapshot import decode as decode_snapshot
+
+    clock = Clock()
+    clock.advance(DAY * 20_000 + 3600)
+    net = MemoryNetwork()
+    engines = {URL: llamacpp(slots=4)}
+
+    def replicas(inst: Instance) -> Replicas:
+        return Replicas(inst.state, inst.sched.index, inst.ledger)
+
+    def merge(inst: Instance, data: bytes) -> object:
+        return restore(replicas(inst), decode_snapshot(data), clock.seconds())
+
+    insts = [instance(m, MEMBERS, net, clock, engines, restore=merge) for m in MEMBERS]
+    for inst in insts:
+        net.snapshots[inst.member] = (
+            lambda inst=inst: succeed(build_now(replicas(inst), clock)))  # type: ignore[misc]
+        inst.node.startService()
+    clock.advance(0.6)
+    tick(clock)
+    a, b, c = insts
+    net.cut.add("c:1")
+    tick(clock, 15)  # 3 s: past RECONNECT_AFTER
+    assert not a.node.peers["c:1"].connected
+    chain = Chain((7001, 7002), (4000, 8000))
+    lease = got(a.sched.acquire("k", 1, req(1, chain)))
+    lease.release(Sample(True, False, 0.1, 0.2, prompt_tokens=2000, cached_tokens=0))
+    gone = {"origin": "o-gone", "kind": "day", "bucket": a.ledger._today(), "key": "k",
+            "tenant": "t", "model": "m", "requests": 3, "prompt_tokens": 30, "cached_tokens": 0,
+            "completion_tokens": 12, "unmetered": 0}
+    a.ledger.merge([gone])
+    tick(clock, 2)
+    assert 7002 not in c.sched.index and c.ledger.spent_today(key="k") == 0
+    pulls = a.node.peers["c:1"].pulls
+    net.cut.clear()
+    tick(clock, 2)
+    assert a.node.peers["c:1"].pulls == pulls + 1
+    assert c.node.peers["a:1"].pulls >= 1
+    assert c.ledger.spent_today(key="k") == 42
+    assert [s[3] for s in c.sched.index.slots(7002)] == ["restored"]
+    for inst in insts:
+        stop(inst)

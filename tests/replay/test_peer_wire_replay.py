@@ -33,3 +33,25 @@ def test_proto1_delta_decodes_and_merges() -> None:
     assert b.sched.peer_inflight(0) == 1
     assert [s[3] for s in b.sched.index.slots(33)] == ["peer"]
     stop(b)
+
+
+def test_proto1_snapshot_decodes_and_restores() -> None:
+    """The proto-1 snapshot (an instance with one finished request, a departed instance's
+    cells and a learned target) restores into a current instance: both origins' usage, the
+    prefix entries and the target's stats."""
+    from pharos.peer.snapshot import Replicas, restore
+    from pharos.peer.snapshot import decode as decode_snapshot
+
+    snap = decode_snapshot((SAMPLES / "proto1" / "snapshot.json.gz").read_bytes())
+    assert (snap.proto, snap.origin, snap.taken_at) == (1, "o-a:1", 1764637200.6)
+    clock = Clock()
+    clock.advance(RECORDED_AT - 0.8)
+    b = instance("b:1", [], MemoryNetwork(), clock, {"http://engine:1": llamacpp(4)})
+    clock.advance(0.8)
+    done = restore(Replicas(b.state, b.sched.index, b.ledger), snap, clock.seconds())
+    assert (done.cells_changed, done.prefix_merged, done.stats_taken) == (2, 2, 1)
+    assert b.ledger.spent_today(key="alice") == 150
+    assert [r["unmetered"] for r in b.ledger.export() if r["origin"] == "o-gone"] == [1]
+    assert [s[3] for s in b.sched.index.slots(33)] == ["restored"]
+    assert b.state.targets[0].stats.prefill_sec_per_token.value is not None
+    stop(b)
