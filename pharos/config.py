@@ -94,10 +94,7 @@ LIVE_FIELDS: Final = frozenset({
 })
 
 #: Sections parsed (so their errors are reported) but refused until their feature exists.
-NOT_YET: Final = {
-    "state_file": "the state file comes with the availability issue",
-    "drain": "graceful drain comes with the availability issue",
-}
+NOT_YET: Final[dict[str, str]] = {}
 #: A backend's fields refused likewise (none left: ``logs:`` feeds its log probes).
 BACKEND_NOT_YET: Final[dict[str, str]] = {}
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from twisted.application import strports
 from twisted.application.service import IService, MultiService
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import CannotListenError
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
@@ -32,12 +34,14 @@ from pharos.peer.site import peer_site
 from pharos.peer.snapshot import Replicas, restore_in_steps
 from pharos.peer.snapshot import build as build_snapshot
 from pharos.peer.snapshot import decode as decode_snapshot
+from pharos.peer.statefile import StateFile
 from pharos.peer.wire import fingerprint
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
+from pharos.proxy.drain import Drain, Health, second_signal_ends
 from pharos.proxy.public import PublicAPI
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.sched import Guards, Scheduler
@@ -152,6 +156,26 @@ class PharosService(MultiService):
         self.on_leaving: list[Callable[[], Deferred[None]]] = []
         #: The replicated modules snapshots are taken from and merged into (spec §12).
         self.replicas = Replicas(self.state, self.sched.index, self.ledger)
+        # Readiness and drain (§9): /healthz is 503 until the restore sources ran and from
+        # the first moment of a drain; the public requests are tracked for the drain.
+        self._reactor = reactor
+        self.health = Health(restored=False)
+        self.public.health = self.health
+        self.drain = Drain(reactor, self.health, config.drain.grace, config.drain.timeout)
+        #: The public listener (``build``): opened once restored, closed by the drain. None
+        #: when the caller serves ``public_site`` itself (tests).
+        self.public_listener: IService | None = None
+        #: SIGTERM/SIGINT while stopping end the process at once (``makeService`` sets it).
+        self.handle_signals = False
+        self.stopping = False
+        self.starting: Deferred[None] | None = None
+        #: The state file (§12): the first restore source; started once restored, so a start
+        #: that never finished restoring never overwrites it.
+        self.state_file: StateFile | None = None
+        if config.state_file is not None:
+            self.state_file = StateFile(config.state_file, self.replicas, reactor,
+                                        in_thread=_in_thread(reactor))
+            self.restore_sources.append(self.state_file.restore)
         self.peer_node: PeerNode | None = None
         self.peer_secret: bytes | None = None
         if config.peers is not None:
@@ -202,17 +226,50 @@ class PharosService(MultiService):
         self.sched.kick()
 
     def startService(self) -> None:
-        """Start the children; Discovery hands the static backends to State first."""
+        """Start the children (Discovery hands the static backends to State first); once the
+        first scrape round ended, run the restore sources, then open the public listener."""
         super().startService()
+        if self.handle_signals:
+            self._reactor.callWhenRunning(second_signal_ends, lambda: self.stopping)
+        self.starting = Deferred.fromCoroutine(self._start())
+
+    async def _start(self) -> None:
+        """Spec §12 start-up: after the first scrape round (so prefix entries find their
+        targets), the restore sources in order; then ``/healthz`` turns 200 and the public
+        listener opens."""
+        await self.state.when_ready()
+        for source in self.restore_sources:
+            if self.stopping:
+                return
+            try:
+                await source()
+            except Exception:
+                log.failure("a restore source failed; starting without it")
+        if self.stopping:
+            return
+        self.health.restored = True
+        if self.state_file is not None:
+            self.state_file.setServiceParent(self)
+        if self.public_listener is not None:
+            try:
+                self.public_listener.setServiceParent(self)
+            except CannotListenError as e:
+                log.critical("{why}; stopping", why=_listen_error(e))
+                self._reactor.stop()
+                return
+            log.info("restored; public listener open on {listen}",
+                     listen=self.config.listen.address)
 
     def privilegedStartService(self) -> None:
         """Bind the listeners; a busy port fails start-up with a message naming it."""
         try:
             super().privilegedStartService()
+            if self.public_listener is not None:
+                # It opens only after the restore (spec §12), but a busy port must fail the
+                # start now, while twistd can still report it.
+                _probe_listen(self.config.listen.strports())
         except CannotListenError as e:
-            why = e.socketError.strerror if isinstance(e.socketError, OSError) else e.socketError
-            where = f"{e.interface or '*'}:{e.port}"
-            raise ListenError(f"cannot listen on {where}: {why}") from None
+            raise ListenError(_listen_error(e)) from None
 
     def stopService(self) -> Deferred[None]:
         """Stop the children, then close the engine connections."""
@@ -220,12 +277,57 @@ class PharosService(MultiService):
         return d
 
     async def _stop(self) -> None:
+        """Spec §9 drain when serving (``/healthz`` 503, grace, listener closed, streams
+        finished or cut at the timeout), then ``on_leaving`` (the Leaving delta), the last
+        state-file write, and the children in reverse order."""
+        self.stopping = True
+        listener = self.public_listener
+        if listener is not None and listener.running:
+            await self.drain.run(lambda: maybeDeferred(listener.disownServiceParent))
+        for hook in self.on_leaving:
+            try:
+                await hook()
+            except Exception:
+                log.failure("an on_leaving hook failed")
+        if self.state_file is not None and self.health.restored:
+            await self.state_file.write()
         await super().stopService()
         await self.pool.closeCachedConnections()
         if self.journal is not None:
             await self.journal.close()
         if self.decision_log is not None:
             await self.decision_log.close()
+
+
+def _in_thread(reactor: Any) -> Callable[[Callable[[], Any]], Deferred[Any]]:
+    """Blocking work (the state file's read and write) in the reactor's thread pool."""
+    def run(f: Callable[[], Any]) -> Deferred[Any]:
+        return deferToThreadPool(reactor, reactor.getThreadPool(), f)
+    return run
+
+
+def _listen_error(e: CannotListenError) -> str:
+    why = e.socketError.strerror if isinstance(e.socketError, OSError) else e.socketError
+    return f"cannot listen on {e.interface or '*'}:{e.port}: {why}"
+
+
+def _probe_listen(description: str) -> None:
+    """Raise ``CannotListenError`` if a ``tcp:`` strports address cannot be bound now (bound
+    with SO_REUSEADDR as Twisted binds, then closed); other endpoint kinds are not probed."""
+    parts = description.split(":")
+    if parts[0] != "tcp" or len(parts) < 2 or not parts[1].isdigit():
+        return
+    port = int(parts[1])
+    opts = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
+    host = opts.get("interface", "")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(1)
+        except OSError as e:
+            raise CannotListenError(host, port, e) from None
 
 
 def _routing(config: Config) -> tuple[PolicyConfig, Guards]:
@@ -256,9 +358,9 @@ class WithMetrics(Resource):
 
 def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
     """The public site: the Klein app behind the path guard, bodies bounded while they
-    arrive, request heads bounded in time."""
+    arrive, request heads bounded in time, requests tracked for the drain."""
     root = with_pages(PathGuard(top.public.app.resource()), top.pages)
-    root = WithMetrics(root, MetricsPage(top.metrics))
+    root = top.drain.wrap(WithMetrics(root, MetricsPage(top.metrics)))
     site = PublicSite(root, requestFactory=bounded_request_factory(
         max_body, on_too_large=top.public.too_large))
     site.head_deadline = top.config.timeouts.request_headers
@@ -281,8 +383,8 @@ def build(config: Config, reactor: Any, config_path: str | None = None,
                          ).setServiceParent(top)
         top.peer_node.setServiceParent(top)
     site = public_site(top)
-    # strports raises at start when the port is busy, so twistd exits non-zero naming it.
-    strports.service(config.listen.strports(), site).setServiceParent(top)
+    # Opened by PharosService once restored (a busy port still fails the start, probed).
+    top.public_listener = strports.service(config.listen.strports(), site)
     return top
 
 
@@ -293,10 +395,16 @@ def makeService(options: Any) -> IService:
     if options["demo"]:
         from pharos.sim.demo import demo_service
 
-        return demo_service(reactor, options["parsed"])
+        demo = demo_service(reactor, options["parsed"])
+        for child in demo:  # type: ignore[attr-defined]
+            if isinstance(child, PharosService):
+                child.handle_signals = True
+        return demo
     config: Config = options["parsed"]
     docker_socket, why = socket_from_env(os.environ)
     if docker_socket is None:
         log.info("Docker discovery off: {why}", why=why)
-    return build(config, reactor, config_path=options["config"],
-                 request_log=options["log-level"] == "debug", docker_socket=docker_socket)
+    top = build(config, reactor, config_path=options["config"],
+                request_log=options["log-level"] == "debug", docker_socket=docker_socket)
+    top.handle_signals = True
+    return top

@@ -33,6 +33,7 @@ from pharos.proxy import errors
 from pharos.proxy.admission import Admission
 from pharos.proxy.auth import Identity, Keyring
 from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
+from pharos.proxy.drain import Health
 from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
@@ -99,6 +100,8 @@ class PublicAPI:
         #: The decision log (``observability.decision_log``), if configured.
         self.decision_log: DecisionSink | None = None
         self.on_done: list[Callable[[Done], object]] = []
+        #: Restored yet, draining yet (``pharos.proxy.drain``): ``/healthz`` reads it.
+        self.health = Health()
         #: Reads the config file again (``pharos.reload``); None without a config file.
         self.reload_config: Callable[[], Reloaded] | None = None
 
@@ -112,9 +115,13 @@ class PublicAPI:
 
     @app.route("/healthz", methods=["GET", "HEAD"])
     def healthz(self, request: Request) -> bytes:
-        """503 until the first scrape round, so a load balancer never sends traffic blind; 503
-        again while requests wait and none has started (nor a lease been given back) for
+        """503 until the state is restored and the first scrape round has finished, so a load
+        balancer never sends traffic blind; 503 from the first moment of a drain (spec §9);
+        503 again while requests wait and none has started (nor a lease been given back) for
         ``timeouts.queue_stuck``: a wedged scheduler is unhealthy."""
+        why = self.health.status()
+        if why is not None:
+            return _json(request, 503, {"status": why})
         if not self.state.ready:
             return _json(request, 503, {"status": "starting"})
         stuck = self.sched.stuck_for(self.clock.seconds())

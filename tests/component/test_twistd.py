@@ -125,16 +125,16 @@ def test_bad_config_never_starts(tmp_path: Path) -> None:
 
 
 def test_demo_with_a_bad_config_prints_its_errors(tmp_path: Path) -> None:
-    """``twistd pharos --demo -c bad.yaml`` lists the config's errors (an unbuilt section
-    among them) and exits non-zero, with no traceback."""
+    """``twistd pharos --demo -c bad.yaml`` lists every error of the config and exits
+    non-zero, with no traceback."""
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("policy: fastest\nstate_file: /tmp/pharos.state\n")
+    cfg.write_text("policy: fastest\ndrain: {grace: soon}\n")
     r = subprocess.run([TWISTD, "-n", "--pidfile=", "pharos", "--demo", "-c", str(cfg)],
                        capture_output=True, timeout=30, cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode != 0
     assert "policy: expected one of cost, least-load, got 'fastest'" in out
-    assert "state_file: not supported yet" in out
+    assert "drain.grace: expected a duration" in out
     assert "Traceback" not in out
 
 

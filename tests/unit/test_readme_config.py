@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pharos.config import ConfigError, load_config, parse_config
+from pharos.config import load_config, parse_config
 
 README = Path(__file__).resolve().parents[2] / "README.rst"
 _CONFIG_START = re.compile(r"(listen|policy|backends|routing|timeouts|keys):")
@@ -58,22 +58,14 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("section", [
-    "state_file: /var/lib/pharos/state.json",
-    "drain: {grace: 5s}",
-])
-def test_unbuilt_sections_are_refused_naming_them(section: str, tmp_path: Path) -> None:
-    """A section whose feature is not built yet is refused at load (pharos check, start-up)
-    with a message naming it; it still parses (its own errors are checked) without the
-    refusal."""
+def test_state_file_and_drain_sections_load(tmp_path: Path) -> None:
+    """``state_file:`` and ``drain:`` are built (issue 13): load_config (pharos check,
+    start-up) takes them, durations in the README's spelling."""
     path = tmp_path / "pharos.yaml"
-    path.write_text(section + "\n")
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    name = section.split(":", 1)[0]
-    assert any(e.startswith(f"{name}: not supported yet") for e in info.value.errors), (
-        info.value.errors)
-    parse_config(section + "\n")
+    path.write_text("state_file: /var/lib/pharos/state.json\ndrain: {grace: 5s, timeout: 10m}\n")
+    config = load_config(path)
+    assert config.state_file == "/var/lib/pharos/state.json"
+    assert (config.drain.grace, config.drain.timeout) == (5.0, 600.0)
 
 
 def test_null_turns_every_guard_off() -> None:
