@@ -1,25 +1,39 @@
-"""The usage journal (``usage.journal: FILE``, issue 11 item 5): one JSON line per finished
-request, written off the request path.
+"""A JSON-lines journal written off the reactor: the usage journal (``usage.journal: FILE``,
+issue 11 item 5) and the decision log (issue 12 item 4) both write through it.
 
-The caller passes each record as a dict (key, tenant, model, target, status, tokens,
-timings); this module serializes what it is given and nothing else, so what reaches the file
-is what the caller chose (never prompt text: the caller never hands it over).
+The caller passes each record as a dict; this module serializes what it is given and nothing
+else, so what reaches the file is what the caller chose (never prompt text: the callers never
+hand it over).
 
-**Never blocking the reactor.** ``write`` serializes the record (microseconds, and a record
-that cannot be serialized is reported where it was made) and appends the line to a bounded
-in-memory buffer; when the buffer is full it drops the record and counts it in ``dropped``
-instead of waiting. All disk I/O (open, append, close) happens in a thread, over a batch the
-reactor handed over and no longer touches, so no lock is shared with the reactor thread.
+**Cheap per record.** ``write`` serializes the record (a record that cannot be serialized is
+reported where it was made) and appends the line to an in-memory batch; nothing else happens
+per record. The batch goes to the writer thread when the timer fires (``interval`` seconds
+after the first line of the batch, 0.5 s by default) or at once when it passes
+``batch_records`` lines or ``batch_bytes``, whichever comes first: one thread round trip per
+batch, never per record (a round trip per record cost more than the rest of the
+observability together; ``contrib/bench/overhead-observe-2026-12-02``).
 
-**Which thread.** Batches go through ``deferToThreadPool`` on the reactor's own thread pool
-(by default), one batch at a time: the next batch is taken when the previous one has landed,
-so lines keep their order, the journal never holds more than one pool thread (a stalled disk
-cannot starve DNS lookups or other pool users), and it needs no thread of its own to start
-and stop. Under load, batches simply grow (up to the buffer's bound) while one is written.
+**Never blocking the reactor.** All disk I/O happens in a thread, over a batch the reactor
+handed over and no longer touches. Batches go through ``deferToThreadPool`` on the reactor's
+thread pool (by default), one at a time: the next is handed over when the previous one has
+landed, so lines keep their order, the journal never holds more than one pool thread (a
+stalled disk cannot starve DNS lookups or other pool users) and needs no thread of its own.
 
-**Rotation-safe.** Each batch opens the file for appending and closes it, so a log rotator
-that renames the file is followed on the next batch, and a path that becomes writable again
-(disk space freed, directory created) recovers by itself.
+**Bounded memory; what is dropped.** ``capacity`` records and ``max_bytes`` bound what is
+pending and being written together. Past either bound ``write`` drops the record and counts
+it in ``dropped`` rather than wait (issue 11 item 5 and issue 12 item 4 both say so: the
+reactor never blocks on the disk). A batch is handed over at a tenth of the bound, so a disk
+that keeps up never sees a drop, for the usage journal or the decision log: only a writer
+stuck for the time it takes to accept ``capacity`` records drops. ``close`` hands over
+everything pending at once and fires when it has landed. What a crash (not a stop) loses is
+the batch not yet handed over: at most ``interval`` seconds of records.
+
+**The file stays open** between batches (in the writer: only the thread writing a batch
+touches it). Before each batch the writer checks that the path still names the open file; a
+log rotator that renamed or removed it is followed by reopening the path. A batch that fails
+closes the file, so the next batch reopens it: a path that becomes writable again (disk
+space freed, directory created) recovers by itself. Each batch is flushed to the OS before
+it counts as written. ``close`` closes the file.
 
 **Errors are reported, never raised into the reactor.** A batch that cannot be written is
 counted in ``failed``, ``error`` says why (``None`` once a batch lands again), and one log
@@ -28,42 +42,104 @@ event is emitted per new error, not per batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import IO, Final
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorFromThreads, IReactorThreads
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IReactorFromThreads,
+    IReactorThreads,
+    IReactorTime,
+)
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-#: Records held while the writer is behind, in memory (about 300 bytes each: a few MB).
+#: Records pending or being written, at most (about 300 bytes each for usage: a few MB).
 DEFAULT_CAPACITY: Final = 10_000
+#: Bytes pending or being written, at most (a decision line of a big fleet is ~100 KB).
+DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
+#: Seconds a line waits for its batch to be handed to the writer, at most.
+DEFAULT_INTERVAL: Final = 0.5
 
 _log = Logger()
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
-def _append(path: Path, lines: list[str]) -> None:
-    """Append a batch of lines (in a pool thread: the only disk I/O of the journal)."""
-    with path.open("a", encoding="utf-8") as f:
-        f.writelines(lines)
+class _File:
+    """The journal's open file. Used only by the writer thread of the batch in flight (one
+    at a time, handed over through the pool's queue), never by the reactor thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: IO[bytes] | None = None
+        self._ident: tuple[int, int] | None = None
+
+    def append(self, lines: list[str], close: bool) -> None:
+        """Append a batch and flush it to the OS; ``close``: close the file afterwards."""
+        try:
+            if lines:
+                f = self._open()
+                f.write("".join(lines).encode("utf-8"))
+                f.flush()
+        except BaseException:
+            self._close()
+            raise
+        if close:
+            self._close()
+
+    def _open(self) -> IO[bytes]:
+        if self.file is not None:
+            try:
+                st = os.stat(self.path)
+                same = (st.st_dev, st.st_ino) == self._ident
+            except OSError:
+                same = False
+            if not same:  # rotated or removed: write to what the path names now
+                self._close()
+        if self.file is None:
+            f = self.path.open("ab")
+            st = os.fstat(f.fileno())
+            self.file, self._ident = f, (st.st_dev, st.st_ino)
+        return self.file
+
+    def _close(self) -> None:
+        f, self.file, self._ident = self.file, None, None
+        if f is not None:
+            with contextlib.suppress(OSError):  # its batch failed or was flushed already
+                f.close()
 
 
 class Journal:
-    """Appends one JSON line per ``write`` to ``path``, off the reactor thread.
+    """Appends one JSON line per ``write`` to ``path``, in batches, off the reactor thread.
 
     ``reactor`` delivers results from the writer thread; ``threadpool`` runs the writes
-    (default: the reactor's). ``capacity`` bounds the records buffered or being written.
+    (default: the reactor's); ``clock`` times the batches (default: the reactor).
+    ``capacity`` and ``max_bytes`` bound the records pending or being written; a batch is
+    handed over after ``interval`` seconds, or at ``batch_records`` lines or ``batch_bytes``
+    (default: a tenth of the bounds). ``name`` is how log events call it.
     """
 
     def __init__(self, path: str | Path, reactor: IReactorFromThreads,
-                 capacity: int = DEFAULT_CAPACITY, threadpool: ThreadPool | None = None) -> None:
+                 capacity: int = DEFAULT_CAPACITY, threadpool: ThreadPool | None = None, *,
+                 clock: IReactorTime | None = None, interval: float = DEFAULT_INTERVAL,
+                 max_bytes: int = DEFAULT_MAX_BYTES, batch_records: int | None = None,
+                 batch_bytes: int | None = None, name: str = "usage journal") -> None:
         self.path = Path(path)
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.interval = interval
+        self.name = name
+        self.batch_records = batch_records or max(1, capacity // 10)
+        self.batch_bytes = batch_bytes or max(1, max_bytes // 10)
         self._reactor = reactor
+        self._clock = clock if clock is not None else IReactorTime(reactor)
         self._pool = (threadpool if threadpool is not None
                       else IReactorThreads(reactor).getThreadPool())
         #: Records turned away because the buffer was full or the journal closed.
@@ -74,8 +150,15 @@ class Journal:
         self.written = 0
         #: Why the last batch could not be written; ``None`` while writes succeed.
         self.error: str | None = None
+        #: Batches handed to the writer (one thread round trip each).
+        self.batches = 0
+        self._file = _File(self.path)
         self._pending: list[str] = []
+        self._pending_bytes = 0
         self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._writing = False
+        self._timer: IDelayedCall | None = None
         self._closing = False
         self._closed: list[Deferred[None]] = []
 
@@ -87,28 +170,48 @@ class Journal:
     def write(self, record: Mapping[str, object]) -> bool:
         """Queue one record; returns at once. False if it was dropped (buffer full, journal
         closed) or cannot be serialized (counted in ``failed`` and logged)."""
-        if self._closing or self.buffered >= self.capacity:
+        pending = self._pending
+        if (self._closing or len(pending) + self._in_flight >= self.capacity
+                or self._pending_bytes + self._in_flight_bytes >= self.max_bytes):
             self.dropped += 1
             return False
         try:
-            line = json.dumps(record, ensure_ascii=False, separators=(",", ":"),
-                              allow_nan=False) + "\n"
+            line = _encode(record) + "\n"
         except (TypeError, ValueError) as e:
             self.failed += 1
-            _log.error("usage journal: a record cannot be written as JSON: {error}",
-                       error=str(e))
+            _log.error("{name}: a record cannot be written as JSON: {error}",
+                       name=self.name, error=str(e))
             return False
-        self._pending.append(line)
-        self._flush()
+        pending.append(line)
+        self._pending_bytes += len(line)
+        if len(pending) >= self.batch_records or self._pending_bytes >= self.batch_bytes:
+            self._flush()
+        elif self._timer is None and not self._writing:
+            self._timer = self._clock.callLater(self.interval, self._tick)
         return True
 
+    def _tick(self) -> None:
+        self._timer = None
+        self._flush()
+
     def _flush(self) -> None:
-        """Hand the pending lines to the pool as one batch, unless one is being written."""
-        if self._in_flight or not self._pending:
+        """Hand the pending lines to the pool as one batch, unless one is being written (its
+        landing hands over the next). Closing, an empty batch closes an open file."""
+        if self._writing:
             return
+        if not self._pending and not (self._closing and self._file.file is not None):
+            return
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
         batch, self._pending = self._pending, []
-        self._in_flight = len(batch)
-        d = deferToThreadPool(self._reactor, self._pool, _append, self.path, batch)
+        self._in_flight, self._in_flight_bytes = len(batch), self._pending_bytes
+        self._pending_bytes = 0
+        self._writing = True
+        self.batches += 1
+        d = deferToThreadPool(self._reactor, self._pool, self._file.append, batch,
+                              self._closing)
         d.addCallbacks(self._landed, self._lost)
         d.addBoth(self._next)
 
@@ -120,14 +223,20 @@ class Journal:
         self.failed += self._in_flight
         error = f"{type(failure.value).__name__}: {failure.value}"
         if error != self.error:
-            _log.error("usage journal {path} cannot be written: {error}; its records are "
-                       "counted as failed until it can", path=str(self.path), error=error)
+            _log.error("{name} {path} cannot be written: {error}; its records are "
+                       "counted as failed until it can", name=self.name, path=str(self.path),
+                       error=error)
         self.error = error
 
     def _next(self, _: object) -> None:
-        self._in_flight = 0
-        self._flush()
-        if self._closing and not self._in_flight:
+        self._writing = False
+        self._in_flight = self._in_flight_bytes = 0
+        if (self._closing or len(self._pending) >= self.batch_records
+                or self._pending_bytes >= self.batch_bytes):
+            self._flush()
+        elif self._pending and self._timer is None:
+            self._timer = self._clock.callLater(self.interval, self._tick)
+        if self._closing and not self._writing:
             self._fire_closed()
 
     def _fire_closed(self) -> None:
@@ -136,11 +245,13 @@ class Journal:
             d.callback(None)
 
     def close(self) -> Deferred[None]:
-        """Stop accepting records; the Deferred fires once everything accepted before has
-        been written (or counted as failed). It never fails."""
+        """Stop accepting records and hand over what is pending now; the Deferred fires once
+        everything accepted before has been written (or counted as failed) and the file is
+        closed. It never fails."""
         self._closing = True
         d: Deferred[None] = Deferred()
         self._closed.append(d)
-        if not self._in_flight:
+        self._flush()
+        if not self._writing:
             self._fire_closed()
         return d

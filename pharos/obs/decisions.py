@@ -5,8 +5,9 @@ happened (measured TTFT, cached tokens, status), joined by ``request_id``.
 
 Sampling is by request id (a hash of it against ``sample_rate``), so every attempt of a
 sampled request is logged and none of an unsampled one. Lines go through ``Journal``: built
-on the reactor thread only for sampled requests, written off it through a bounded buffer that
-drops and counts when the disk falls behind. No prompt text: candidates, numbers, names of
+on the reactor thread only for sampled requests, handed to a writer thread in batches (every
+half second or so, never a thread round trip per line) through a bounded buffer that drops
+and counts when the disk falls behind. No prompt text: candidates, numbers, names of
 backends and models.
 """
 
@@ -31,7 +32,7 @@ class DecisionLog:
 
     def __init__(self, path: str, sample_rate: float, reactor: IReactorFromThreads,
                  state: State, policy: str) -> None:
-        self.journal = Journal(path, reactor)
+        self.journal = Journal(path, reactor, name="decision log")
         self.sample_rate = sample_rate
         self.state = state
         self.policy = policy

@@ -1,10 +1,14 @@
-"""Layer 1: the usage journal (``pharos.journal``, issue 11 item 5): JSON lines in order,
-no disk I/O on the calling thread, a bounded buffer that drops and counts instead of
-blocking, ``close`` flushing, and errors reported instead of raised.
+"""Layer 1: the journal (``pharos.journal``; the usage journal of issue 11 item 5 and the
+decision log of issue 12 item 4): JSON lines in order, no disk I/O on the calling thread,
+records handed to the writer in batches (on a timer or past a size, never one thread round
+trip per record), the file kept open across batches and reopened after rotation, a bounded
+buffer that drops and counts instead of blocking, ``close`` flushing everything, and errors
+reported instead of raised.
 
 The pool here runs the journal's work only when the test says so, in the test's thread:
 whatever happened before ``run`` happened without the writer, so ``write`` alone did no
-disk I/O; a writer stuck on a slow disk is a pool that is not run."""
+disk I/O; a writer stuck on a slow disk is a pool that is not run. The batch timer is a
+``Clock``."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
@@ -58,9 +63,9 @@ class HeldPool(ThreadPool):
         return ran
 
 
-def journal(path: Path, capacity: int = 100) -> tuple[Journal, HeldPool]:
-    pool = HeldPool()
-    return Journal(path, Immediate(), capacity, pool), pool
+def journal(path: Path, capacity: int = 100, **kw: Any) -> tuple[Journal, HeldPool, Clock]:
+    pool, clock = HeldPool(), Clock()
+    return Journal(path, Immediate(), capacity, pool, clock=clock, **kw), pool, clock
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -77,24 +82,79 @@ def test_records_land_as_json_lines_in_order(tmp_path: Path) -> None:
     while an earlier batch was being written; the file is appended to, never truncated."""
     path = tmp_path / "usage.jsonl"
     path.write_text('{"earlier": true}\n', encoding="utf-8")
-    j, pool = journal(path)
-    for i in range(5):
+    j, pool, clock = journal(path)
+    assert j.write({**RECORD, "n": 0, "model": "modèle"})
+    clock.advance(j.interval)  # the first batch is handed over, not yet written
+    for i in range(1, 5):
         assert j.write({**RECORD, "n": i, "model": "modèle"})
-    assert pool.run() == 2  # the first record alone, then the four that queued behind it
+    assert pool.run() == 1  # the first record alone; the four behind it wait for the timer
+    assert len(lines(path)) == 2
+    clock.advance(j.interval)
+    assert pool.run() == 1
     got = lines(path)
     assert got[0] == {"earlier": True}
     assert [r["n"] for r in got[1:]] == [0, 1, 2, 3, 4]
     assert got[1] == {**RECORD, "n": 0, "model": "modèle"}
     assert (j.written, j.dropped, j.failed, j.error) == (5, 0, 0, None)
+    assert j.batches == 2
+
+
+def test_records_are_batched_one_round_trip_per_batch(tmp_path: Path) -> None:
+    """Records written one at a time are not handed to the writer one by one: nothing goes
+    to the pool before the timer fires, then the whole batch goes in one call; a batch that
+    passes ``batch_records`` goes at once without waiting for the timer."""
+    path = tmp_path / "usage.jsonl"
+    j, pool, clock = journal(path, batch_records=10)
+    for i in range(9):
+        assert j.write({"n": i})
+    assert pool.calls == []
+    clock.advance(j.interval)
+    assert len(pool.calls) == 1
+    assert pool.run() == 1
+    assert [r["n"] for r in lines(path)] == list(range(9))
+    for i in range(9, 19):
+        j.write({"n": i})
+    assert len(pool.calls) == 1  # the tenth record filled a batch: no timer needed
+    pool.run()
+    assert [r["n"] for r in lines(path)] == list(range(19))
+    assert j.batches == 2 and clock.getDelayedCalls() == []
+
+
+def test_the_file_stays_open_and_a_rotated_file_is_followed(tmp_path: Path) -> None:
+    """The writer keeps the file open across batches (one open for many), and when a log
+    rotator renames the file the next batch goes to a new file at the path; the renamed
+    file keeps what was written before."""
+    path = tmp_path / "usage.jsonl"
+    j, pool, clock = journal(path)
+    j.write({"n": 0})
+    clock.advance(j.interval)
+    pool.run()
+    opened = j._file.file
+    assert opened is not None
+    j.write({"n": 1})
+    clock.advance(j.interval)
+    pool.run()
+    assert j._file.file is opened
+    path.rename(tmp_path / "usage.jsonl.1")
+    j.write({"n": 2})
+    clock.advance(j.interval)
+    pool.run()
+    assert [r["n"] for r in lines(tmp_path / "usage.jsonl.1")] == [0, 1]
+    assert [r["n"] for r in lines(path)] == [2]
+    closed: list[None] = []
+    j.close().addCallback(closed.append)
+    pool.run()
+    assert closed == [None] and j._file.file is None and opened.closed
 
 
 def test_write_does_no_disk_io_on_the_calling_thread(tmp_path: Path) -> None:
     """``write`` only buffers: until the writer runs, nothing is opened or written, however
     many records were accepted."""
     path = tmp_path / "usage.jsonl"
-    j, pool = journal(path)
+    j, pool, clock = journal(path)
     for i in range(50):
         assert j.write({"n": i})
+    clock.advance(j.interval)
     assert not path.exists()
     assert j.buffered == 50
     pool.run()
@@ -107,36 +167,69 @@ def test_a_full_buffer_drops_and_counts_instead_of_blocking(tmp_path: Path) -> N
     (pending and being written) it drops and counts; once the writer catches up it accepts
     again, and only the accepted records are in the file."""
     path = tmp_path / "usage.jsonl"
-    j, pool = journal(path, capacity=3)
+    j, pool, clock = journal(path, capacity=3)
     got = [j.write({"n": i}) for i in range(1000)]
     assert got == [True] * 3 + [False] * 997
     assert j.dropped == 997
+    clock.advance(j.interval)
     pool.run()
     assert j.write({"n": "after"})
+    clock.advance(j.interval)
     pool.run()
     assert [r["n"] for r in lines(path)] == [0, 1, 2, "after"]
 
 
+def test_the_byte_bound_drops_too(tmp_path: Path) -> None:
+    """Big records are bounded by bytes as well as by count: with the writer stuck, records
+    past ``max_bytes`` pending are dropped and counted."""
+    path = tmp_path / "d.jsonl"
+    j, pool, clock = journal(path, capacity=1000, max_bytes=10_000, batch_bytes=100_000)
+    got = [j.write({"blob": "x" * 1000}) for _ in range(20)]
+    assert got == [True] * 10 + [False] * 10
+    assert j.dropped == 10
+    j.close()
+    pool.run()
+    assert len(lines(path)) == 10
+
+
 def test_close_flushes_what_is_buffered(tmp_path: Path) -> None:
-    """``close`` fires only after every accepted record is in the file; records written
-    after it are dropped and counted."""
+    """``close`` hands over what is pending without waiting for the timer, and fires only
+    after every accepted record is in the file; records written after it are dropped and
+    counted."""
     path = tmp_path / "usage.jsonl"
-    j, pool = journal(path)
+    j, pool, clock = journal(path)
     for i in range(3):
         j.write({"n": i})
     closed: list[None] = []
     j.close().addCallback(closed.append)
     assert not j.write({"n": "late"})
     assert closed == []
+    assert clock.getDelayedCalls() == []
     pool.run()
     assert closed == [None]
     assert [r["n"] for r in lines(path)] == [0, 1, 2]
     assert j.dropped == 1
 
 
+def test_close_while_a_batch_is_written_flushes_the_rest(tmp_path: Path) -> None:
+    """Records accepted while a batch is being written are written too when ``close`` comes
+    before that batch lands, and the file is closed at the end."""
+    path = tmp_path / "usage.jsonl"
+    j, pool, clock = journal(path)
+    j.write({"n": 0})
+    clock.advance(j.interval)
+    j.write({"n": 1})
+    closed: list[None] = []
+    j.close().addCallback(closed.append)
+    assert pool.run() == 2
+    assert closed == [None]
+    assert [r["n"] for r in lines(path)] == [0, 1]
+    assert j._file.file is None
+
+
 def test_close_with_nothing_buffered_fires_at_once(tmp_path: Path) -> None:
     """Closing an idle journal fires immediately and touches no file."""
-    j, pool = journal(tmp_path / "usage.jsonl")
+    j, pool, clock = journal(tmp_path / "usage.jsonl")
     closed: list[None] = []
     j.close().addCallback(closed.append)
     assert closed == [None]
@@ -149,12 +242,14 @@ def test_an_unwritable_path_is_reported_not_raised(tmp_path: Path) -> None:
     why in ``error`` and logs it once (not per batch); nothing is raised into the reactor,
     ``close`` still fires, and once the path is writable the journal recovers."""
     path = tmp_path / "missing" / "usage.jsonl"
-    j, pool = journal(path)
+    j, pool, clock = journal(path)
     with capturedLogs() as events:
         for i in range(3):
             assert j.write({"n": i})
+        clock.advance(j.interval)
         pool.run()
         j.write({"n": 3})
+        clock.advance(j.interval)
         pool.run()
     assert j.failed == 4 and j.written == 0
     assert j.error is not None and "FileNotFoundError" in j.error
@@ -175,12 +270,13 @@ def test_a_record_that_is_not_json_is_counted_not_raised(tmp_path: Path) -> None
     ``failed`` without raising into the caller (an on_done subscriber); the records around
     it are written."""
     path = tmp_path / "usage.jsonl"
-    j, pool = journal(path)
+    j, pool, clock = journal(path)
     with capturedLogs() as events:
         assert j.write({"n": 1})
         assert not j.write({"n": object()})
         assert not j.write({"n": float("nan")})
         assert j.write({"n": 2})
+    clock.advance(j.interval)
     pool.run()
     assert j.failed == 2
     assert len([e for e in events if "as JSON" in e.get("log_format", "")]) == 2
