@@ -64,11 +64,14 @@ class Delta:
 def fingerprint(config: Config) -> str:
     """A hash of what peers must agree on to share state (spec §12): the static backend set
     (prefix ops and gauges name targets by backend URL), the key and tenant names (usage
-    cells), and the usage timezone (day buckets). 16 hex digits."""
-    what = {"backends": sorted(b.url for b in config.backends),
+    cells), and the usage timezone (day buckets). DNS backend groups count by name and port
+    (their members are what every peer resolves). 16 hex digits."""
+    what: dict[str, object] = {"backends": sorted(b.url for b in config.backends),
             "keys": sorted([k.name, k.tenant] for k in config.keys),
             "tenants": sorted(t.name for t in config.tenants),
             "timezone": config.usage.timezone}
+    if config.dns_backends:  # absent without groups: older fingerprints stay
+        what["dns"] = sorted(f"{d.name}:{d.port}" for d in config.dns_backends)
     data = json.dumps(what, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 

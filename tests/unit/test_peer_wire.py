@@ -10,7 +10,7 @@ import pytest
 from twisted.internet.defer import Deferred, fail, succeed
 
 from pharos.config import Backend as BackendSpec
-from pharos.config import Config, Key, Listen, Peers, Usage
+from pharos.config import Config, DnsBackends, Key, Listen, Peers, Usage
 from pharos.peer.membership import Membership, join, split
 from pharos.peer.wire import (
     MAX_OPS,
@@ -83,8 +83,8 @@ def test_too_many_ops_are_refused() -> None:
 
 
 def test_fingerprint_covers_backends_keys_and_zone() -> None:
-    """The fingerprint changes with the backend set, the key set and the usage zone, and not
-    with their order."""
+    """The fingerprint changes with the backend set (DNS groups included), the key set and the
+    usage zone, and not with their order."""
     base = Config(backends=(BackendSpec("http://a:1"), BackendSpec("http://b:1")),
                   keys=(Key("k1", "h1"), Key("k2", "h2")))
     same = Config(backends=(BackendSpec("http://b:1"), BackendSpec("http://a:1")),
@@ -92,7 +92,9 @@ def test_fingerprint_covers_backends_keys_and_zone() -> None:
     assert fingerprint(base) == fingerprint(same)
     for other in (Config(backends=base.backends, keys=base.keys[:1]),
                   Config(backends=base.backends[:1], keys=base.keys),
-                  Config(backends=base.backends, keys=base.keys, usage=Usage(timezone="UTC"))):
+                  Config(backends=base.backends, keys=base.keys, usage=Usage(timezone="UTC")),
+                  Config(backends=base.backends, keys=base.keys,
+                         dns_backends=(DnsBackends("engines.svc", 8000),))):
         assert fingerprint(other) != fingerprint(base)
 
 
