@@ -7,6 +7,7 @@ This module and ``pharos.tap`` are the only ones that touch the global reactor.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -229,6 +230,8 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
         client = make_client(reactor, pool)
         try:
             for backend in _doctor_backends(args):
+                if backend.get("docker") is not None:
+                    backend["log_lines"] = await _docker_log(reactor, backend["docker"])
                 http = HTTPFetcher(backend["url"], client, reactor, timeout=args.timeout)
                 if args.record:
                     # Recorded before the full examination below, whose coding-agent route
@@ -279,6 +282,34 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
     return 1 if any(r.error for r in reports) else 0
 
 
+#: Lines doctor keeps of a container's log (its start-up lines come first).
+DOCTOR_LOG_LINES = 200_000
+
+
+async def _docker_log(reactor: Any, container: str) -> list[bytes] | None:
+    """A container's log as it is now (``docker://NAME`` feeds), read once through the Engine
+    API on ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when it
+    cannot be read."""
+    from pharos.discovery.docker import DockerAPI, DockerLogFeed, socket_from_env
+
+    path, why = socket_from_env(os.environ)
+    if path is None:
+        print(f"log feed docker://{container}: {why}", file=sys.stderr)
+        return None
+    lines: list[bytes] = []
+
+    def keep(line: bytes) -> None:
+        if len(lines) < DOCTOR_LOG_LINES:
+            lines.append(line)
+
+    try:
+        await DockerLogFeed(DockerAPI(reactor, path), container, follow=False).connect(keep)
+    except Exception as e:  # any failure of the daemon or its socket: examine without the log
+        print(f"log feed docker://{container}: {e or type(e).__name__}", file=sys.stderr)
+        return None
+    return lines
+
+
 def _record_log(directory: Path, lines: Iterable[bytes]) -> Path:
     """Write the engine's log into a capture as ``engine.log`` (a line at a time)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -294,6 +325,8 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
     from pharos.engine.own import LogFeedUnavailable, own_probes, read_log_feed
 
     def lines_of(feed: Any) -> Iterable[bytes] | None:
+        if feed and getattr(feed, "scheme", None) == "docker":
+            return None  # read in _doctor, through the Engine API
         try:
             return read_log_feed(feed) if feed else None
         except (LogFeedUnavailable, OSError) as e:
@@ -314,6 +347,7 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
             "kind": b.kind,
             "own": own_probes(b.probes),
             "log_lines": lines_of(b.logs),
+            "docker": b.logs.target if b.logs and b.logs.scheme == "docker" else None,
             "capacity": b.capacity,
             "aliases": dict(b.aliases),
         }

@@ -358,8 +358,11 @@ class DockerLogFeed:
     """
 
     def __init__(self, api: DockerAPI, container: str, started_at: str | None = None,
-                 tty: bool | None = None, max_line: int = MAX_LINE_BYTES) -> None:
+                 tty: bool | None = None, max_line: int = MAX_LINE_BYTES,
+                 follow: bool = True) -> None:
         self.api = api
+        #: False: the log as it is now, ending at its last line (doctor reads it so).
+        self.follow = follow
         self.container = container
         self.started_at = started_at
         self.tty = tty
@@ -382,7 +385,7 @@ class DockerLogFeed:
                 started_at = state.get("StartedAt") if isinstance(state, dict) else None
             if tty is None:
                 tty = bool(config.get("Tty")) if isinstance(config, dict) else False
-        query = {"follow": "1", "stdout": "1", "stderr": "1"}
+        query = {"follow": "1" if self.follow else "0", "stdout": "1", "stderr": "1"}
         if (since := unix_timestamp(started_at)) is not None:
             query["since"] = since
         path = f"/containers/{urllib.parse.quote(self.container)}/logs"

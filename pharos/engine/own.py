@@ -61,5 +61,5 @@ def read_log_feed(feed: LogFeed | str) -> LogFileLines:
     else:
         scheme, target = feed.scheme, feed.target
     if scheme != "file":
-        raise LogFeedUnavailable(f"{scheme}:// log feeds are not read by doctor yet")
+        raise LogFeedUnavailable(f"{scheme}:// log feeds are read through their own API")
     return LogFileLines(target)

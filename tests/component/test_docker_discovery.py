@@ -11,6 +11,7 @@ Discovery's backoff runs on a ``Clock`` the test advances; the I/O runs on the r
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import tempfile
 import time
@@ -394,3 +395,45 @@ async def test_a_list_that_stalls_halfway_times_out(warnings: list[str]) -> None
         await eventually(lambda: len(d.backends) == 2, 10)
     finally:
         await rig.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_doctor_reads_a_containers_log(rig: Rig, tmp_path: Path) -> None:
+    """``pharos doctor -c`` with ``logs: docker://NAME`` reads the container's log through the
+    Engine API on ``DOCKER_HOST`` (the log as it is, not followed, so doctor ends): the Ollama
+    double's OLLAMA_NUM_PARALLEL:4 line gives capacity 4 from the log probe; with the socket
+    gone doctor names why and examines the backend without its log."""
+    import os
+    import sys
+
+    from twisted.internet.utils import getProcessOutputAndValue
+
+    pharos = str(Path(sys.executable).parent / "pharos")
+    double, port = start_double("ollama", reactor, **dict[str, Any]({**FAST, "slots": 4}))
+    lines = double.log_lines()
+    assert lines is not None
+    c = rig.fake.run("ollama-doc", ENABLED, ports=(11434,))
+    for line in lines:
+        rig.fake.write_log(c, line, stream=2)
+    cfg = tmp_path / "pharos.yaml"
+    cfg.write_text(f"backends:\n  - url: {double.url}\n    kind: ollama\n"
+                   f"    logs: docker://{c.id}\n")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{rig.path}"}
+    try:
+        out, err, code = await getProcessOutputAndValue(
+            pharos, ["doctor", "-c", str(cfg), "--json"], env=env, reactor=reactor)
+        assert code == 0, err
+        (doc,) = json.loads(out)["backends"]
+        active = {a["probe"]: a for a in doc["active"]}
+        assert active["ollama-log-num-parallel"]["source"] == "log"
+        assert doc["signals"]["backend"]["capacity"] == 4
+        env["DOCKER_HOST"] = f"unix://{rig.dir}/absent.sock"
+        out, err, code = await getProcessOutputAndValue(
+            pharos, ["doctor", "-c", str(cfg)], env=env, reactor=reactor)
+        assert code == 0, err
+        assert f"docker://{c.id}" in err.decode()
+        assert "no log feed" in out.decode()
+    finally:
+        stopped = port.stopListening()
+        if stopped is not None:
+            await stopped
