@@ -8,6 +8,11 @@ result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The cach
 baselines (``round-robin``, ``random``) and the peer baseline ``prefix-aware`` (production-stack's
 router) are the harness dispatching straight to the engines.
 Medians over seeds are the report's business.
+
+``--instances N`` puts N Pharos instances in front of the engines (``--peers``: as each other's
+peers; ``--state-file``: each with a state file), the harness sending to them round robin;
+``--restart K@T`` restarts instance K T seconds into the run, the harness skipping instances
+that fail their health check meanwhile (``pharos.bench.restarts``).
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.task import deferLater
 
 from pharos.bench.clients import Population, Sender
 from pharos.bench.fleet import Fleet, FleetSpec
-from pharos.bench.openloop import DISPATCH, OpenLoop
+from pharos.bench.openloop import DISPATCH, OpenLoop, new_pool
 from pharos.bench.processes import StartError
-from pharos.bench.result import read_result, write_result
+from pharos.bench.restarts import HealthWatch, Restart, per_instance, restart_summary
+from pharos.bench.result import read_result, records_of, write_result
 from pharos.bench.run import (
     RunSpec,
     add_workload_options,
@@ -98,7 +105,7 @@ def _same_run(path: Path, spec: dict[str, Any]) -> bool:
     if doc is None:
         return False
     keys = ("workload", "rate", "duration", "seed", "warmup", "workload_args", "policy", "slo",
-            "timeout", "max_requests", "fleet", "clients")
+            "timeout", "max_requests", "fleet", "clients", "restart")
     return all(doc["spec"].get(k) == spec.get(k) for k in keys)
 
 
@@ -114,6 +121,7 @@ class Comparison:
         self.loop: OpenLoop | None = None
         self.failed = 0
         self.stopping = False
+        self._restarting: list[Deferred[dict[str, Any]]] = []
         self._workload: tuple[tuple[float, int],
                               tuple[list[Request], list[Sender] | None]] | None = None
 
@@ -136,12 +144,14 @@ class Comparison:
                                   a.model_gb),
                               policy=policy if policy in POLICIES else None,
                               capacity=a.backend_capacity,
-                              access=self.clients.access_yaml() if self.clients else None)
+                              access=self.clients.access_yaml() if self.clients else None,
+                              instances=a.instances, peers=a.peers, state_file=a.state_file)
             spec = replace(base, policy=policy,
                            dispatch=policy if policy in DISPATCH else None)
             path = result_path(a.out, a.workload, rate, policy, seed)
             head = f"[{k}/{len(runs)}] {a.workload} rate {rate:g} seed {seed} {policy}"
-            if a.resume and _same_run(path, {**spec.to_json(), "fleet": fleet.to_json()}):
+            planned = {**spec.to_json(), "fleet": fleet.to_json(), **self._restart_spec()}
+            if a.resume and _same_run(path, planned):
                 print(f"{head}: done already ({path})", flush=True)
                 continue
             print(f"{head}: {len(requests)} requests", flush=True)
@@ -156,21 +166,42 @@ class Comparison:
             self._workload = (key, base.traffic())
         return self._workload[1]
 
+    def _restart_spec(self) -> dict[str, Any]:
+        """The restarts as the result file's spec names them (none: nothing, as before)."""
+        restarts: list[Restart] = self.a.restart
+        return {"restart": [r.to_json() for r in restarts]} if restarts else {}
+
     async def _one(self, spec: RunSpec, fleet_spec: FleetSpec, requests: list[Request],
                    senders: list[Sender] | None, path: Path, head: str) -> None:
         logs = self.a.out / "logs" / spec.workload / rate_name(spec.rate) / path.stem
         self.fleet = fleet = Fleet(self.reactor, logs)
+        watch: HealthWatch | None = None
+        pool = new_pool(self.reactor)
+        self._restarting = []
         try:
             urls = await fleet.start(fleet_spec)
             spec = replace(spec, urls=tuple(urls))
-            extra = {"fleet": fleet_spec.to_json(), "engine_urls": fleet.engine_urls}
+            extra: dict[str, Any] = {"fleet": fleet_spec.to_json(),
+                                     "engine_urls": fleet.engine_urls, **self._restart_spec()}
+            if self.a.restart:
+                watch = HealthWatch(self.reactor, urls, pool)
+                watch.start()
             cpu = fleet.cpu_seconds()
             doc = await execute(self.reactor, spec, requests, extra, label=head,
-                                started=self._started, senders=senders)
+                                started=self._started, senders=senders,
+                                available=watch.up if watch is not None else None)
+            events = await gatherResults(self._restarting) if self._restarting else []
             for name, after in fleet.cpu_seconds().items():
                 before = cpu.get(name)
                 doc["summary"]["cpu_s"][name] = None if after is None or before is None \
-                    else round(after - before, 3)
+                    or name in fleet.restarted else round(after - before, 3)
+            if len(urls) > 1 and fleet_spec.policy is not None:
+                records = records_of(doc)
+                doc["summary"]["per_instance"] = per_instance(records, urls)
+            if self.a.restart:
+                doc["restarts"] = events
+                doc["summary"]["restarts"] = restart_summary(records_of(doc), events,
+                                                             spec.warmup)
             if self.stopping:
                 print(f"{head}: interrupted, no result written", file=sys.stderr, flush=True)
                 return
@@ -187,12 +218,38 @@ class Comparison:
             self.failed += 1
             print(f"{head}: failed to start: {e}", file=sys.stderr, flush=True)
         finally:
+            if watch is not None:
+                watch.stop()
             self.loop = None
             self.fleet = None
             await fleet.stop()
+            await pool.closeCachedConnections()
 
     def _started(self, loop: OpenLoop) -> None:
+        """The run begins: schedule its restarts (times from now, the run's start)."""
         self.loop = loop
+        fleet = self.fleet
+        start = self.reactor.seconds()
+        restarts: list[Restart] = self.a.restart
+        for r in restarts:
+            self._restarting.append(Deferred.fromCoroutine(
+                self._restart_at(fleet, r.instance, r.at, start)))
+
+    async def _restart_at(self, fleet: Fleet | None, k: int, at: float, start: float
+                          ) -> dict[str, Any]:
+        """Restart instance ``k`` of ``fleet`` ``at`` seconds after ``start``; the event with
+        its times from ``start``."""
+        await deferLater(self.reactor, at, lambda: None)
+        if fleet is None or self.stopping:
+            return {"instance": k, "error": "not run"}
+        event = await fleet.restart(k)
+        for key in ("term_at", "exited_at", "healthy_at"):
+            if event.get(key) is not None:
+                event[key] = round(event[key] - start, 3)
+        print(f"  restart of instance {k}: SIGTERM at {event['term_at']} s, exited at "
+              f"{event['exited_at']} s, healthy again at {event['healthy_at']} s"
+              + (f" ({event['error']})" if event.get("error") else ""), flush=True)
+        return event
 
     def shutdown(self) -> Deferred[None] | None:
         """The reactor is stopping (Ctrl-C, SIGTERM): abort the current run (its result is
@@ -213,6 +270,13 @@ def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
                 f"expected a comma-separated list of {', '.join(choices or ('values',))}")
         return values
     return parse
+
+
+def _restart(text: str) -> Restart:
+    try:
+        return Restart.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -238,6 +302,19 @@ def parser() -> argparse.ArgumentParser:
                         "reads it from the engine or assumes one)")
     p.add_argument("--policies", type=_csv(str, ALL_POLICIES), default=list(ALL_POLICIES),
                    help=f"comma-separated, from {', '.join(ALL_POLICIES)} (default: all)")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="Pharos instances in front of the engines, the harness sending to them "
+                        "round robin (default 1; Pharos policies only)")
+    p.add_argument("--peers", action="store_true",
+                   help="the instances are each other's peers (a secret file, every instance "
+                        "in peers.members)")
+    p.add_argument("--state-file", action="store_true",
+                   help="each instance keeps a state file (restored when it restarts)")
+    p.add_argument("--restart", type=_restart, action="append", default=[],
+                   metavar="K@SECONDS",
+                   help="SIGTERM instance K (0-based) this many seconds into the run, start it "
+                        "again once it exited (repeatable); meanwhile the harness skips "
+                        "instances whose /healthz is not 200, as a load balancer does")
     p.add_argument("--resume", action="store_true",
                    help="skip runs whose result file already matches their specification")
     p.add_argument("--out", type=Path, required=True, help="directory for the result files")
@@ -250,6 +327,23 @@ def main_compare(argv: Sequence[str], reactor: Any) -> int:
     a = parser().parse_args(argv)
     if a.engines < 1:
         parser().error("--engines must be at least 1")
+    if a.instances < 1:
+        parser().error("--instances must be at least 1")
+    multi = a.instances > 1 or a.peers or a.state_file or a.restart
+    baselines = [p for p in a.policies if p in DISPATCH]
+    if multi and baselines:
+        parser().error(f"--instances, --peers, --state-file and --restart are about Pharos "
+                       f"instances: not for {', '.join(baselines)} (choose --policies from "
+                       f"{', '.join(POLICIES)})")
+    if a.peers and a.instances < 2:
+        parser().error("--peers needs --instances 2 or more")
+    for r in a.restart:
+        if r.instance >= a.instances:
+            parser().error(f"--restart {r.instance}@{r.at:g}: there are {a.instances} "
+                           f"instances (0 to {a.instances - 1})")
+        if r.at >= a.duration:
+            parser().error(f"--restart {r.instance}@{r.at:g}: after the run's "
+                           f"{a.duration:g} s")
     try:
         clients = load_clients(a.clients) if a.clients is not None else None
         # the generator's own checks, on a short stretch of the workload

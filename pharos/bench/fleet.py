@@ -1,11 +1,16 @@
 """A fresh simulated fleet for one comparison run: ``engines`` engine doubles, each its own
 ``pharos sim-engine`` process (as real engines are separate processes; see contrib/bench's
 README for the measurement behind this choice), and, for a Pharos policy, a fresh Pharos
-(twistd) with a generated config naming that policy, answering ``/healthz`` 200 before the run.
+(twistd) with a generated config naming that policy, answering ``/healthz`` 200 before the run;
+or several instances of it, peers of each other when asked (a secret file and every instance
+listed in ``peers.members``), each with a state file when asked, any of which can be restarted
+mid-run (``Fleet.restart``).
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +31,9 @@ from pharos.bench.processes import (
 
 #: Path every engine double answers 200 on once it serves (vLLM, llama.cpp and Ollama alike).
 ENGINE_READY = "/v1/models"
+#: Seconds a restarted instance has to drain and exit before SIGKILL (its drain grace, 5 s by
+#: default, and the streams in flight).
+RESTART_GRACE = 60.0
 
 
 @dataclass(frozen=True)
@@ -43,14 +51,34 @@ class FleetSpec:
     capacity: int | None = None
     #: The ``keys:``/``tenants:`` sections of Pharos's config (``None``: no keys, open).
     access: str | None = None
+    #: Pharos instances side by side, each in front of every engine (the harness is their
+    #: round-robin balancer).
+    instances: int = 1
+    #: The instances are each other's peers.
+    peers: bool = False
+    #: Each instance keeps a state file (kept across a restart).
+    state_file: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """The ``fleet`` part of a result file's spec."""
-        return {"engines": self.engines, "kind": self.kind,
-                "engine_args": list(self.engine_args),
-                "models": dict(self.models) if self.models else None,
-                "pharos_policy": self.policy, "capacity": self.capacity,
-                "access": self.access}
+        """The ``fleet`` part of a result file's spec (the instance fields only when not the
+        default, so older result files still match on ``--resume``)."""
+        out: dict[str, Any] = {
+            "engines": self.engines, "kind": self.kind, "engine_args": list(self.engine_args),
+            "models": dict(self.models) if self.models else None,
+            "pharos_policy": self.policy, "capacity": self.capacity, "access": self.access}
+        if (self.instances, self.peers, self.state_file) != (1, False, False):
+            out.update(instances=self.instances, peers=self.peers, state_file=self.state_file)
+        return out
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """The ``peers:`` section of one instance: its peer listener, the secret file, and every
+    instance's peer address (itself included: it skips itself by ``Pharos-Origin``)."""
+
+    listen: str
+    secret_file: str
+    members: tuple[str, ...]
 
 
 def engine_command(spec: FleetSpec) -> list[str]:
@@ -63,20 +91,32 @@ def engine_command(spec: FleetSpec) -> list[str]:
 
 
 def pharos_config(port: int, urls: Sequence[str], kind: str, policy: str,
-                  capacity: int | None = None, access: str | None = None) -> str:
-    """Pharos's YAML config: the engines as static backends, the policy, and the keys and
-    tenants when ``access`` holds them."""
+                  capacity: int | None = None, access: str | None = None, *,
+                  state_file: str | None = None, peers: PeerSetup | None = None) -> str:
+    """Pharos's YAML config: the engines as static backends, the policy, the keys and
+    tenants when ``access`` holds them, and the state file and peers when given."""
     lines = [f"listen: 127.0.0.1:{port}", f"policy: {policy}", "backends:"]
     for url in urls:
         lines += [f"  - url: {url}", f"    kind: {kind}"]
         if capacity is not None:
             lines.append(f"    capacity: {capacity}")
+    if state_file is not None:
+        lines.append(f"state_file: {json.dumps(state_file)}")
+    if peers is not None:
+        lines += ["peers:", f"  listen: {peers.listen}",
+                  f"  secret_file: {json.dumps(peers.secret_file)}",
+                  f"  members: {json.dumps(list(peers.members))}"]
     return "\n".join(lines) + "\n" + (access or "")
 
 
+def instance_name(k: int, instances: int) -> str:
+    """A Pharos child's name: ``pharos`` alone, ``pharos K`` among several."""
+    return "pharos" if instances == 1 else f"pharos {k}"
+
+
 class Fleet:
-    """The processes of one run; ``stop`` ends every one it started. Logs and Pharos's config
-    go under ``logs``."""
+    """The processes of one run; ``stop`` ends every one it started. Logs, Pharos's configs,
+    the peers' secret and the state files go under ``logs``."""
 
     def __init__(self, reactor: Any, logs: Path) -> None:
         self.reactor = reactor
@@ -84,6 +124,11 @@ class Fleet:
         self.children: list[Child] = []
         self.engine_urls: list[str] = []
         self.pharos_url: str | None = None
+        #: Every instance's base URL, in instance order.
+        self.pharos_urls: list[str] = []
+        #: The names of instances restarted so far (their CPU time is not comparable).
+        self.restarted: set[str] = set()
+        self._argv: list[list[str]] = []
         self._stopping: Deferred[None] | None = None
 
     async def start(self, spec: FleetSpec) -> list[str]:
@@ -104,24 +149,83 @@ class Fleet:
                 return list(self.engine_urls)
             if self._stopping is not None:
                 raise StartError("stopped while starting")
-            port = free_port()
-            config = self.logs / "pharos.yaml"
-            config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy,
-                                         spec.capacity, spec.access))
-            pharos = spawn(self.reactor, "pharos",
-                           [*console_script("twistd"), "-n", "--pidfile=", "pharos", "-c",
-                            str(config)], self.logs / "pharos.log", cwd=self.logs,
-                           announces=False)
-            self.children.append(pharos)
-            self.pharos_url = f"http://127.0.0.1:{port}"
-            await wait_until(self.reactor, pharos, self.pharos_url + "/healthz", pool)
-            return [self.pharos_url]
+            self._configure(spec)
+            for k, argv in enumerate(self._argv):
+                self.children.append(spawn(self.reactor, instance_name(k, spec.instances),
+                                           argv, self.logs / f"{_stem(k, spec.instances)}.log",
+                                           cwd=self.logs, announces=False))
+            for k, url in enumerate(self.pharos_urls):
+                await wait_until(self.reactor, self._child(instance_name(k, spec.instances)),
+                                 url + "/healthz", pool)
+            self.pharos_url = self.pharos_urls[0]
+            return list(self.pharos_urls)
         except StartError:
             raise
         except Exception as e:
             raise StartError(f"starting the fleet: {e}") from e
         finally:
             await pool.closeCachedConnections()
+
+    def _configure(self, spec: FleetSpec) -> None:
+        """Write each instance's config (and the peers' secret); their command lines."""
+        assert spec.policy is not None
+        ports = [free_port() for _ in range(spec.instances)]
+        peer_ports = [free_port() for _ in range(spec.instances)] if spec.peers else []
+        secret = self.logs / "peers.secret"
+        if spec.peers:
+            secret.parent.mkdir(parents=True, exist_ok=True)
+            secret.write_text(secrets.token_hex(16) + "\n")
+            secret.chmod(0o600)
+        members = tuple(f"127.0.0.1:{p}" for p in peer_ports)
+        self.pharos_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        self._argv = []
+        for k, port in enumerate(ports):
+            stem = _stem(k, spec.instances)
+            config = self.logs / f"{stem}.yaml"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            peers = PeerSetup(members[k], str(secret.resolve()), members) if spec.peers \
+                else None
+            state = str((self.logs / f"{stem}.state").resolve()) if spec.state_file else None
+            config.write_text(pharos_config(port, self.engine_urls, spec.kind, spec.policy,
+                                            spec.capacity, spec.access, state_file=state,
+                                            peers=peers))
+            self._argv.append([*console_script("twistd"), "-n", "--pidfile=", "pharos", "-c",
+                               str(config)])
+
+    def _child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    async def restart(self, k: int, grace: float = RESTART_GRACE) -> dict[str, Any]:
+        """SIGTERM instance ``k``, wait until it exits (SIGKILL after ``grace`` seconds),
+        start it again with the same config and wait for ``/healthz`` 200. What happened, as
+        reactor times: ``term_at``, ``exited_at``, ``healthy_at`` (``None`` if it did not come
+        back; ``error`` says why)."""
+        instances = len(self._argv)
+        name = instance_name(k, instances)
+        event: dict[str, Any] = {"instance": k, "url": self.pharos_urls[k],
+                                 "term_at": self.reactor.seconds(), "exited_at": None,
+                                 "healthy_at": None, "error": None}
+        old = self._child(name)
+        self.restarted.add(name)
+        await stop(self.reactor, old, grace)
+        event["exited_at"] = self.reactor.seconds()
+        if self._stopping is not None:
+            event["error"] = "the fleet is stopping"
+            return event
+        n = sum(1 for c in self.children if c.name == name)
+        child = spawn(self.reactor, name, self._argv[k],
+                      self.logs / f"{_stem(k, instances)}.restart{n}.log", cwd=self.logs,
+                      announces=False)
+        self.children = [c for c in self.children if c is not old] + [child]
+        pool = new_pool(self.reactor)
+        try:
+            await wait_until(self.reactor, child, self.pharos_urls[k] + "/healthz", pool)
+            event["healthy_at"] = self.reactor.seconds()
+        except StartError as e:
+            event["error"] = str(e)
+        finally:
+            await pool.closeCachedConnections()
+        return event
 
     def cpu_seconds(self) -> dict[str, float | None]:
         """CPU seconds each process has used so far (``engine <n>``, ``pharos``)."""
@@ -143,8 +247,12 @@ class Fleet:
 
     async def _stop(self) -> None:
         children, self.children = self.children, []
-        engines = [c for c in children if c.name != "pharos"]
-        for c in children:
-            if c.name == "pharos":
-                await stop(self.reactor, c)
+        engines = [c for c in children if not c.name.startswith("pharos")]
+        await gatherResults([Deferred.fromCoroutine(stop(self.reactor, c))
+                             for c in children if c.name.startswith("pharos")])
         await gatherResults([Deferred.fromCoroutine(stop(self.reactor, c)) for c in engines])
+
+
+def _stem(k: int, instances: int) -> str:
+    """The file name stem of instance ``k``'s log, config and state file."""
+    return "pharos" if instances == 1 else f"pharos-{k}"

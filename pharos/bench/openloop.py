@@ -70,6 +70,20 @@ def assign(urls: Sequence[str], requests: Sequence[Request], dispatch: str, seed
     return [rng.choice(urls) for _ in range(count)]
 
 
+def next_available(urls: Sequence[str], target: str, up: Callable[[str], bool]) -> str:
+    """What a load balancer does with a request whose turn falls on ``target``: ``target`` if
+    it is up, else the first URL after it (in ``urls``' order, wrapping) that is; ``target``
+    when none is (the request then fails and is counted)."""
+    if up(target) or target not in urls:
+        return target
+    k = urls.index(target)
+    for step in range(1, len(urls)):
+        url = urls[(k + step) % len(urls)]
+        if up(url):
+            return url
+    return target
+
+
 def prefix_aware(urls: Sequence[str], requests: Sequence[Request], rng: random.Random
                  ) -> list[str]:
     """production-stack's ``PrefixAwareRouter`` (vllm_router routing_logic.py and
@@ -129,7 +143,9 @@ class OpenLoop:
     sockets. ``warmup``: requests scheduled before it are sent but marked ``warmup``.
     ``on_change`` is called after every send and every end (for a progress line).
     ``senders``, one per request when given, say who sends it: its ``Authorization`` header
-    and its record's ``client`` and ``key``.
+    and its record's ``client`` and ``key``. ``available``, when given, says whether a base
+    URL is up right now: a request whose URL is down goes to the next one that is up
+    (``next_available``), as a load balancer skips an instance failing its health check.
     """
 
     def __init__(
@@ -146,6 +162,7 @@ class OpenLoop:
         pool: HTTPConnectionPool | None = None,
         on_change: Callable[[], None] | None = None,
         senders: Sequence[Sender] | None = None,
+        available: Callable[[str], bool] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout}")
@@ -157,6 +174,7 @@ class OpenLoop:
         self.requests = list(requests)
         self.urls = [u.rstrip("/") for u in urls]
         self.targets = assign(self.urls, self.requests, dispatch, seed)
+        self.available = available
         self.timeout = timeout
         self.on_change = on_change
         self._own_pool = pool is None
@@ -223,7 +241,8 @@ class OpenLoop:
         assert self.start is not None
         rec.sent = now - self.start
         rec.lag = now - self._scheduled(i)
-        rec.url = self.targets[i]
+        rec.url = self.targets[i] if self.available is None \
+            else next_available(self.urls, self.targets[i], self.available)
         self.sent += 1
         self._expiry[i] = self.clock.callLater(
             max(0.0, self._scheduled(i) + self.timeout - now), self._expire, i)

@@ -83,17 +83,20 @@ class RunSpec:
 async def execute(reactor: Any, spec: RunSpec, requests: Sequence[Request] | None = None,
                   extra: dict[str, Any] | None = None, label: str = "",
                   started: Callable[[OpenLoop], None] | None = None,
-                  senders: Sequence[Sender] | None = None) -> dict[str, Any]:
+                  senders: Sequence[Sender] | None = None,
+                  available: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Run ``spec`` (its workload, or ``requests`` and their ``senders`` when the caller
     generated them already) on ``reactor``; the result document. ``extra`` joins the spec (the
-    fleet that served it); ``started`` sees the run as it begins (to abort it)."""
+    fleet that served it); ``started`` sees the run as it begins (to abort it, or to schedule
+    restarts); ``available`` makes the harness skip base URLs that are down (``OpenLoop``)."""
     if requests is None:
         reqs, senders = spec.traffic()
     else:
         reqs = list(requests)
     env = environment()
     loop = OpenLoop(reactor, reqs, spec.urls, dispatch=spec.dispatch or "round-robin",
-                    seed=spec.seed, timeout=spec.timeout, warmup=spec.warmup, senders=senders)
+                    seed=spec.seed, timeout=spec.timeout, warmup=spec.warmup, senders=senders,
+                    available=available)
     progress = Progress(reactor, loop, len(reqs), spec.duration, label)
     if started is not None:
         started(loop)
