@@ -145,7 +145,8 @@ class OpenLoop:
     ``senders``, one per request when given, say who sends it: its ``Authorization`` header
     and its record's ``client`` and ``key``. ``available``, when given, says whether a base
     URL is up right now: a request whose URL is down goes to the next one that is up
-    (``next_available``), as a load balancer skips an instance failing its health check.
+    (``next_available``), as a load balancer skips an instance failing its health check;
+    a connection refused there (nothing was sent) is tried on the next URL up, each URL once.
     """
 
     def __init__(
@@ -196,6 +197,7 @@ class OpenLoop:
         self._expiry: dict[int, IDelayedCall] = {}
         self._pending: dict[int, Deferred[Any]] = {}
         self._readers: dict[int, StreamReader] = {}
+        self._refused: dict[int, set[str]] = {}  # URLs that refused a request (``available``)
         self._all: Deferred[None] = Deferred()
 
     # -- the run ------------------------------------------------------------------------------
@@ -236,7 +238,7 @@ class OpenLoop:
 
     def _send(self, i: int) -> None:
         self._calls.pop(i, None)
-        rec, req = self.records[i], self.requests[i]
+        rec = self.records[i]
         now = self.clock.seconds()
         assert self.start is not None
         rec.sent = now - self.start
@@ -246,6 +248,11 @@ class OpenLoop:
         self.sent += 1
         self._expiry[i] = self.clock.callLater(
             max(0.0, self._scheduled(i) + self.timeout - now), self._expire, i)
+        self._post(i)
+
+    def _post(self, i: int) -> None:
+        rec, req = self.records[i], self.requests[i]
+        assert rec.url is not None
         headers = Headers({b"content-type": [b"application/json"]})
         extra = req.headers()
         if self.senders is not None:
@@ -279,7 +286,22 @@ class OpenLoop:
         self._pending.pop(i, None)
         if self._over[i]:
             return
-        self.records[i].error = classify(failure)
+        rec = self.records[i]
+        if self.available is not None and failure.check(ConnectionRefusedError) \
+                and rec.url is not None:
+            refused = self._refused.setdefault(i, set())
+            refused.add(rec.url)
+            available = self.available
+
+            def up(url: str) -> bool:
+                return url not in refused and available(url)
+
+            again = next_available(self.urls, rec.url, up)
+            if again not in refused:
+                rec.url = again
+                self._post(i)
+                return
+        rec.error = classify(failure)
         self._finish(i)
 
     def _ended(self, i: int, reader: StreamReader) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import treq
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import LoopingCall
 from twisted.web.client import HTTPConnectionPool
 
@@ -31,6 +32,8 @@ from pharos.bench.summary import hit_rate
 PROBE_INTERVAL: Final = 5.0
 #: Seconds between two health polls of one instance.
 HEALTH_POLL: Final = 0.25
+#: Seconds a health poll may take.
+HEALTH_TIMEOUT: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +114,10 @@ def restart_summary(records: Sequence[RequestRecord], events: Sequence[Mapping[s
 
 class HealthWatch:
     """Polls ``/healthz`` of each base URL every ``interval`` seconds; ``up(url)`` is whether
-    its last answer was 200 (a refused connection, a timeout or another status is down).
-    Every URL counts as up until its first poll answers."""
+    its last definite answer was 200: another status or a refused connection is down, a poll
+    that times out changes nothing (on a loaded machine a healthy instance can answer late,
+    and a balancer marks an instance down only on evidence). Every URL counts as up until its
+    first poll answers."""
 
     def __init__(self, reactor: Any, urls: Sequence[str], pool: HTTPConnectionPool,
                  interval: float = HEALTH_POLL) -> None:
@@ -143,10 +148,12 @@ class HealthWatch:
 
     async def _one(self, url: str) -> None:
         try:
-            response = await treq.get(url + "/healthz", pool=self.pool, timeout=1.0)
+            response = await treq.get(url + "/healthz", pool=self.pool, timeout=HEALTH_TIMEOUT)
             await treq.content(response)
             self.state[url] = response.code == 200
-        except Exception:  # refused, reset, timed out: down
+        except ConnectionRefusedError:
             self.state[url] = False
+        except Exception:  # timed out, reset: no evidence either way
+            pass
         finally:
             self._busy.discard(url)
