@@ -75,6 +75,15 @@ class RootCaches:
             del self._last_use[next(iter(self._last_use))]
         return ahead
 
+    def tokens_of(self, root: int) -> int | None:
+        """The root's estimated tokens as some target's LRU holds them (None: not held
+        anywhere): a peer's prefix record names a root by its hash only."""
+        for held in self._held.values():
+            n = held.get(root)
+            if n is not None:
+                return n
+        return None
+
     def learn(self, target: int, tokens: int, ahead: int | None, cached: int | None) -> None:
         """A reply's cached tokens for a root that was held with ``ahead`` tokens of other
         roots used since: the cache retains at least ``ahead + tokens`` when it held the

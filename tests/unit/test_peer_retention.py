@@ -1,0 +1,41 @@
+"""Layer 1: a peer's prefix records count in this instance's picture of each engine's cache
+(``Scheduler.merge_prefix`` → ``RootCaches``): behind several instances each engine takes
+every instance's prompts, so what it still holds depends on all of them."""
+
+from __future__ import annotations
+
+from pharos.prefix import PrefixOp
+from pharos.sched import SchedRequest, Scheduler
+from tests.unit.test_cache_routing import chat, ok
+from tests.unit.test_eviction_pricing import on, root_tokens, system, three
+
+
+def matched(sched: Scheduler, req: SchedRequest, target: int) -> int:
+    placed = sched.decide(req, sched.targets(req))
+    return next(c for c in placed.candidates if c.target_id == target).matched_tokens
+
+
+def test_peer_records_push_a_root_out_of_the_engine_they_went_to() -> None:
+    """Target 0 retains two roots and holds root 1 (sent here). Peers then send roots 2 and 3
+    there: their records make root 1 the third most recent, so a request for it is no longer
+    priced as cached on target 0; the record of a root whose size this instance never saw
+    changes nothing; a correction (remove) is not a send."""
+    sched, _, clock = three()
+    ok(on(sched, 1, chat("q", system=system(2))), cached=0)  # sizes of roots 2 and 3 known
+    ok(on(sched, 2, chat("q", system=system(3))), cached=0)
+    ok(on(sched, 0, chat("q", system=system(1))), cached=0)
+    sched.roots.retained[0] = root_tokens(1) + root_tokens(2)
+    key = sched.state.targets[0].key
+    again = chat("q2", system=system(1))
+    assert matched(sched, again, 0) > 0
+    unknown = chat("q", system=system(7)).chain.keys
+    before = dict(sched.roots.held(0))
+    sched.merge_prefix([PrefixOp(key, unknown, clock.seconds()),
+                        PrefixOp(key, chat("q", system=system(2)).chain.keys, clock.seconds(),
+                                 remove=True)], clock.seconds())
+    assert dict(sched.roots.held(0)) == before and matched(sched, again, 0) > 0
+    for n in (2, 3):
+        sched.merge_prefix([PrefixOp(key, chat("q", system=system(n)).chain.keys,
+                                     clock.seconds())], clock.seconds())
+    assert list(sched.roots.held(0).values())[-2:] == [root_tokens(2), root_tokens(3)]
+    assert matched(sched, again, 0) == 0
