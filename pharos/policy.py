@@ -134,9 +134,13 @@ class RouteReq:
     affinity: int | None = None  # the target this request's session used last, if any
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, unsafe_hash=True)
 class Candidate:
-    """One target (backend x model) the request could go to, as the scheduler sees it now."""
+    """One target (backend x model) the request could go to, as the scheduler sees it now.
+
+    A value: nothing writes to one once made (a change is a new one). It is not declared
+    frozen because a frozen dataclass sets each field through ``object.__setattr__``, which
+    made building 64 of them a fifth of a decision; it hashes by value as a frozen one did."""
 
     target_id: int
     #: Model residency; None: the engine reports none (its one model is always loaded).

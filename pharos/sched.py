@@ -98,6 +98,19 @@ PEER_SILENCE_SEC = 2.0
 MAX_GAUGE_ENTRIES = 10_000
 
 
+def with_match(c: Candidate, matched_tokens: int) -> Candidate:
+    """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out: it took 5 us a
+    call, and a decision makes one per target holding the prompt). A test checks that it
+    copies every field."""
+    return Candidate(
+        target_id=c.target_id, warm=c.warm, capacity=c.capacity, free_slots=c.free_slots,
+        queue_ahead=c.queue_ahead, kv_usage=c.kv_usage, matched_tokens=matched_tokens,
+        prefill_sec_per_token=c.prefill_sec_per_token, load_sec=c.load_sec,
+        service_sec=c.service_sec, fits_if_cold=c.fits_if_cold, loading=c.loading,
+        inflight=c.inflight, queued_prefill_sec=c.queued_prefill_sec,
+        evict_tokens=c.evict_tokens, kv_free_tokens=c.kv_free_tokens)
+
+
 class GaugeError(ValueError):
     """A peer's gauges are malformed (what is wrong is in the message)."""
 
@@ -299,7 +312,6 @@ class Scheduler:
         #: Requests the index could not follow, by reason.
         self.unfollowed: Counter[str] = Counter()
         self.queue_limit = queue_limit
-        self.default_capacity = default_capacity
         self.seed = seed
         self.queue: FairQueue[_Waiter] = FairQueue()
         self.shares = Shares()
@@ -324,6 +336,21 @@ class Scheduler:
         self._peer_until = math.inf  # when the first live report goes stale
         self._peer_since = -math.inf  # the clock when the sums were made (a clock that jumps)
         self._key_ids: dict[str, int] = {}
+        #: Each target's last candidate without a match (``candidate``), with what it was
+        #: built from: its view (the same object while current), its stamp, the in-flight
+        #: count with peers' and the waiters ahead.
+        self._cands: dict[Target, tuple[View, int, int, int, Candidate]] = {}
+        self._default_capacity = default_capacity
+
+    @property
+    def default_capacity(self) -> int:
+        """Slots of a target whose engine, config and learning say nothing."""
+        return self._default_capacity
+
+    @default_capacity.setter
+    def default_capacity(self, value: int) -> None:
+        self._default_capacity = value
+        self._cands.clear()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -635,15 +662,22 @@ class Scheduler:
             queued += self._peer_waiting.get(req.model, 0)
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         stale = self._evicted_since(req, matches) if matches else ()
+        root_bytes = req.chain.ends[0] if req.chain else 0
         cands = []
         cold: dict[int, bool] = {}
+        held: list[int] = []  # the candidates the index predicts hold the root
+        candidate = self.candidate
         for t in targets:
-            m = matches.get(t.id)
-            matched = m.matched_bytes // BYTES_PER_TOKEN if m and t.id not in stale else 0
-            c = self.candidate(t, queued, matched)
-            cold[t.id] = c.warm is False and not c.loading
+            tid = t.id
+            c = candidate(t, queued)
+            if matches and (m := matches.get(tid)) is not None:
+                if m.matched_bytes >= root_bytes:
+                    held.append(tid)
+                if tid not in stale and (matched := m.matched_bytes // BYTES_PER_TOKEN):
+                    c = with_match(c, matched)
+            cold[tid] = c.warm is False and not c.loading
             cands.append(c)
-        owners = self._hot_owners(req, cands, matches)
+        owners = self._hot_owners(req, cands, held)
         if owners:
             root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
             cands = [dataclasses.replace(c, matched_tokens=root_tokens)
@@ -680,8 +714,11 @@ class Scheduler:
         root, root_bytes = chain.keys[0], chain.ends[0]
         now = self.state.clock.seconds()
         ids = [c.target_id for c in cands]
+        retained = roots.retained
         out: dict[int, int] = {}
         for tid in ids:
+            if tid not in retained:
+                continue  # its retention is unknown: ``evicts`` says nothing
             m = matches.get(tid)
             if tid in owners or (m is not None and m.matched_bytes >= root_bytes):
                 continue
@@ -699,11 +736,11 @@ class Scheduler:
         return targets[target_id].gen if 0 <= target_id < len(targets) else None
 
     def _hot_owners(self, req: SchedRequest, cands: list[Candidate],
-                    matches: dict[int, Match]) -> frozenset[int]:
+                    held: list[int]) -> frozenset[int]:
         """The targets to price as holding the request's root prefix although they do not:
-        when the root's demand needs ``k`` owners and fewer hold it, the next ones in a
-        rendezvous order of (root, target), so the extra owners are the same every time and
-        their caches become real."""
+        when the root's demand needs ``k`` owners and fewer hold it (``held``: the candidates
+        the index predicts hold it), the next ones in a rendezvous order of (root, target),
+        so the extra owners are the same every time and their caches become real."""
         utilization = self.guards.hot_prefix_utilization
         chain = req.chain
         if utilization is None or not chain or len(cands) < 2:
@@ -711,16 +748,14 @@ class Scheduler:
         root_bytes = chain.ends[0]
         if root_bytes // BYTES_PER_TOKEN < HOT_MIN_TOKENS:
             return frozenset()
-        holders = {c.target_id for c in cands
-                   if (m := matches.get(c.target_id)) is not None
-                   and m.matched_bytes >= root_bytes}
-        if not holders:
+        if not held:
             return frozenset()
         root = chain.keys[0]
         slots = sum(c.capacity for c in cands) / len(cands)
         k = self.hot.owners(root, self.state.clock.seconds(), slots, utilization)
-        if k <= len(holders):
+        if k <= len(held):
             return frozenset()
+        holders = set(held)
         others = sorted((c.target_id for c in cands if c.target_id not in holders),
                         key=lambda tid: rank(root, tid))
         return frozenset(others[: k - len(holders)])
@@ -827,14 +862,32 @@ class Scheduler:
         fallback. An engine that has queued for ``QUEUE_ROUNDS`` rounds and still reports a
         queue is full at what it runs, whatever its capacity says: vLLM admits no request its
         KV pool cannot hold, so a 64-sequence engine with a small pool queues at 4, and a
-        request sent there waits for one of those 4 to end."""
+        request sent there waits for one of those 4 to end.
+
+        The candidate without a match is kept per target and served again while its view is
+        the same object (``State.view`` keeps one while current), the target has had no
+        write it reads (``Target.stamp``) and the in-flight count with peers' and the waiters
+        ahead are as they were; a match makes a copy with it (``with_match``). A target
+        whose model is cold is built each time (whether it fits reads the other targets)."""
         v = self.state.view(t)
+        # Occupancy counts everyone (spec §8): ours, live peers', or the engine's own count.
+        inflight = t.inflight + self.peer_inflight(t.id) if self.peers else t.inflight
+        e = self._cands.get(t)
+        if (e is not None and e[0] is v and e[1] == t.stamp and e[2] == inflight
+                and e[3] == queued):
+            c = e[4]
+        else:
+            c = self._build(t, v, queued, inflight)
+            if c.warm is not False:
+                self._cands[t] = (v, t.stamp, inflight, queued, c)
+        return with_match(c, matched_tokens) if matched_tokens else c
+
+    def _build(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:
+        """``candidate`` without a match, from the target's view as of now."""
         engine_running = v.running if v.load_fresh else None
         if engine_running is not None and engine_running > MAX_PLAUSIBLE_CAPACITY:
             engine_running = None  # no engine runs that many: unknown this round, not "full"
         engine_waiting = v.waiting if v.load_fresh else None
-        # Occupancy counts everyone (spec §8): ours, live peers', or the engine's own count.
-        inflight = t.inflight + self.peer_inflight(t.id) if self.peers else t.inflight
         occupied = max(inflight, engine_running or 0)
         capacity = v.capacity or t.backend.spec.capacity or t.learned_capacity
         if capacity is None:
@@ -855,7 +908,7 @@ class Scheduler:
             free_slots=free,
             queue_ahead=queued + (engine_waiting or 0),
             kv_usage=v.kv_usage,
-            matched_tokens=matched_tokens,
+            matched_tokens=0,
             prefill_sec_per_token=t.stats.prefill_sec_per_token.value,
             load_sec=t.stats.load_sec.value,
             service_sec=t.stats.service_sec.value,

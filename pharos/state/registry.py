@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import count
+from typing import ClassVar
 
 from pharos.config import Backend as BackendSpec
 from pharos.engine.plan import Plan
@@ -12,6 +15,12 @@ from pharos.state.stats import TargetStats
 
 #: A signal older than this many of its intervals is unknown.
 STALE_AFTER_INTERVALS = 3
+
+#: Change stamps: every write to a field of a ``Target`` or ``BackendState`` that a view or a
+#: candidate reads takes the next number, so a view or candidate built from them is known to
+#: be current while the stamps it was built at are unchanged (``State.view``, the scheduler's
+#: candidates: a decision over 64 targets rebuilt each one's view and candidate every time).
+_STAMPS = count(1)
 
 
 @dataclass(eq=False)
@@ -36,6 +45,23 @@ class BackendState:
     #: Values its log feed's lines set (``pharos.state.logs``); ``None`` while no feed is
     #: connected. Used only where no scraped probe knows the signal.
     log: Snapshot | None = None
+
+    #: The stamp of its last write that a view may read (``_STAMPS``); ``changes``: the last
+    #: such write to any backend (the up targets of a model are as they were while it holds).
+    stamp: ClassVar[int] = 0
+    changes: ClassVar[int] = 0
+    #: Fields no view reads, written without a new stamp. ``replied_at`` is written per relayed
+    #: chunk and read only by ``State.is_up`` when its rounds are stale: a view that used it
+    #: remembers the value it saw (``State.view``).
+    QUIET: ClassVar[frozenset[str]] = frozenset({"plan", "failing", "failed_rounds",
+                                                 "replied_at"})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name not in BackendState.QUIET:
+            n = next(_STAMPS)
+            object.__setattr__(self, "stamp", n)
+            BackendState.changes = n
 
     @property
     def url(self) -> str:
@@ -90,6 +116,24 @@ class Target:
     #: The engine was seen reporting KV usage with nothing running or queued: it counts its
     #: prefix cache's fill, so its usage says nothing of the room a new prompt has.
     kv_counts_cache: bool = False
+
+    #: The stamp of its last write that its view or candidate may read (``_STAMPS``).
+    stamp: ClassVar[int] = 0
+    #: Fields neither ``view_of`` nor ``Scheduler.candidate`` reads, written without a new
+    #: stamp (``pressed`` is set on every full candidate of every decision). A test checks
+    #: that writing any of them leaves a fresh candidate equal to the cached one.
+    QUIET: ClassVar[frozenset[str]] = frozenset({
+        "pressed", "unstarted", "last_first_byte_at", "capacity_seen_queue",
+        "capacity_seen_max", "quiet_rounds", "gen"})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name not in Target.QUIET:
+            object.__setattr__(self, "stamp", next(_STAMPS))
+
+    def touched(self) -> None:
+        """Something a view or candidate reads changed outside its fields (its stats)."""
+        object.__setattr__(self, "stamp", next(_STAMPS))
 
     @property
     def key(self) -> str:
@@ -187,6 +231,35 @@ def view_of(
         load_fresh=fresh,
     )
     return view if b.log is None else with_log(view, b.log, target.model)
+
+
+def edge(anchor: float, span: float) -> float:
+    """A time before which ``now - anchor <= span`` surely holds: a hair before the exact
+    boundary, so float rounding never keeps a cached view past the moment a fresh one would
+    differ (expiring a little early only rebuilds it)."""
+    return anchor + span - 1e-12 * (abs(anchor) + span) - 1e-9
+
+
+def view_expires(target: Target, now: float, load_interval: float,
+                 full_interval: float) -> float:
+    """When the target's view as of ``now`` may next change by time alone: the first of its
+    fresh rounds to go stale (``view_of``'s freshness tests; a stale one stays stale until the
+    next round is written). ``inf``: not until something is written."""
+    b = target.backend
+    out = math.inf
+    full_at, load_at = b.full_at, b.load_at
+    full_fresh = b.full is not None and full_at is not None and (
+        now - full_at <= STALE_AFTER_INTERVALS * full_interval)
+    if full_fresh:
+        assert full_at is not None
+        out = edge(full_at, STALE_AFTER_INTERVALS * full_interval)
+    if b.load is not None and load_at is not None and (
+            now - load_at <= STALE_AFTER_INTERVALS * load_interval):
+        out = min(out, edge(load_at, STALE_AFTER_INTERVALS * load_interval))
+    elif full_fresh and full_at is not None and (
+            now - full_at <= STALE_AFTER_INTERVALS * load_interval):  # it stands in for load
+        out = min(out, edge(full_at, STALE_AFTER_INTERVALS * load_interval))
+    return out
 
 
 #: The view fields a log value may fill, by signal.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,7 +25,9 @@ from pharos.state.registry import (
     BackendState,
     Target,
     View,
+    edge,
     rename,
+    view_expires,
     view_of,
 )
 from pharos.state.stats import Sample, adopt, export_stats, learn, parse_stats
@@ -107,6 +110,10 @@ class State:
         self.ready = False
         #: Restored estimates of targets not registered yet, by target key (``merge_stats``).
         self._pending_stats: OrderedDict[str, dict[str, float | None]] = OrderedDict()
+        #: Each target's last view, kept while nothing it was derived from changed (``view``).
+        self._views: dict[Target, _CachedView] = {}
+        #: Each model's up targets, kept while no backend changed (``targets_for``).
+        self._up: dict[str, _CachedUp] = {}
 
     # --- backends ------------------------------------------------------------------------
 
@@ -184,6 +191,22 @@ class State:
         return b.replied_at is not None and now - b.replied_at <= (
             REPLYING_INTERVALS * self.load_interval)
 
+    def up_expires(self, b: BackendState, now: float) -> tuple[float, bool]:
+        """When ``is_up(b, now)`` may next change by time alone (``inf``: not until something
+        is written), and whether it reads ``replied_at`` now (its rounds are stale in time
+        and in count: each relayed chunk may change it)."""
+        if b.ejected or b.removed or b.full_at is None:
+            return math.inf, False
+        span = STALE_AFTER_INTERVALS * self.full_interval
+        if now - b.full_at <= span:
+            return edge(b.full_at, span), False
+        if b.rounds - b.full_round <= STALE_AFTER_INTERVALS * self.full_every:
+            return math.inf, False
+        if self.replying(b, now):
+            assert b.replied_at is not None
+            return edge(b.replied_at, REPLYING_INTERVALS * self.load_interval), True
+        return math.inf, True
+
     # --- readiness -----------------------------------------------------------------------
 
     def when_ready(self) -> Deferred[None]:
@@ -215,6 +238,7 @@ class State:
             pending = self._pending_stats.pop(t.key, None)
             if pending is not None:
                 adopt(t.stats, pending)
+                t.touched()
         t.backend = backend
         return t
 
@@ -228,16 +252,28 @@ class State:
         return self._by_key.get((backend.url, model))
 
     def targets_for(self, model: str) -> list[Target]:
-        """Targets of up backends that list ``model`` in their last full round."""
+        """Targets of up backends that list ``model`` in their last full round (a new list;
+        the answer is kept while no backend is written and no round goes stale)."""
         now = self.clock.seconds()
+        e = self._up.get(model)
+        if e is not None and e[0] == BackendState.changes and e[1] <= now < e[2]:
+            return list(e[3])
         out = []
+        until, cacheable = math.inf, True
         for b in self.backends.values():
             if b.full is None or b.full.models is None or model not in b.full.models:
                 continue
+            edge_at, reads_replied = self.up_expires(b, now)
+            until = min(until, edge_at)
+            cacheable = cacheable and not reads_replied
             if self.is_up(b, now):
                 t = self._by_key.get((b.url, model))
                 if t is not None:
                     out.append(t)
+        if cacheable:
+            self._up[model] = (BackendState.changes, now, until, tuple(out))
+        else:
+            self._up.pop(model, None)
         return out
 
     def listed_anywhere(self, model: str, kind: str | None = None) -> bool:
@@ -259,9 +295,23 @@ class State:
         return out
 
     def view(self, target: Target) -> View:
-        """The target's signals as of now (stale ones unknown)."""
-        return view_of(target, self.clock.seconds(), self.load_interval, self.full_interval,
-                       self.is_up)
+        """The target's signals as of now (stale ones unknown). The view is kept and served
+        again while the target and its backend have had no write it reads (their stamps),
+        ``replied_at`` is as it was if the view's ``up`` read it, the clock has not gone
+        back, and no fresh round has gone stale since (``view_expires``, ``up_expires``):
+        exactly as long as a fresh view would be equal to it."""
+        now = self.clock.seconds()
+        b = target.backend
+        e = self._views.get(target)
+        if (e is not None and e[0] == target.stamp and e[1] is b and e[2] == b.stamp
+                and e[3] <= now < e[4] and (not e[5] or e[6] == b.replied_at)):
+            return e[7]
+        view = view_of(target, now, self.load_interval, self.full_interval, self.is_up)
+        up_at, reads_replied = self.up_expires(b, now)
+        until = min(up_at, view_expires(target, now, self.load_interval, self.full_interval))
+        self._views[target] = (target.stamp, b, b.stamp, now, until, reads_replied,
+                               b.replied_at, view)
+        return view
 
     # --- feedback ------------------------------------------------------------------------
 
@@ -270,6 +320,7 @@ class State:
         now = self.clock.seconds()
         target.last_release_at = now
         learn(target.stats, sample)
+        target.touched()  # its stats changed
         if sample.ok and not sample.control:
             target.loaded_reply_at = now
 
@@ -301,6 +352,7 @@ class State:
             t = self.by_key(key)
             if t is not None:
                 taken += adopt(t.stats, values)
+                t.touched()
                 continue
             self._pending_stats.pop(key, None)
             self._pending_stats[key] = values
@@ -344,6 +396,13 @@ class State:
                 t.gen += 1
                 self.decided(b, "generation", "new_version" if new_version
                              else "unlisted" if unlisted else "unloaded")
+
+
+#: ``State.view``'s kept view: the target's and its backend's stamps (and the backend), when
+#: it was made and until when it holds, whether its ``up`` read ``replied_at`` and the value.
+_CachedView = tuple[int, BackendState, int, float, float, bool, float | None, View]
+#: ``State.targets_for``'s kept answer: ``BackendState.changes`` then, made at, holds until.
+_CachedUp = tuple[int, float, float, tuple[Target, ...]]
 
 
 class Scraper(MultiService):
