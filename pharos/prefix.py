@@ -473,12 +473,15 @@ class PrefixIndex:
     def iter_export(
         self, key_of: Callable[[int], str | None],
         gens: Mapping[int, int] | Callable[[int], int | None] | None = None,
+        *, newest_first: bool = True,
     ) -> Iterator[Entry]:
         """``export`` one entry at a time, for a caller that yields to the reactor between
         batches (a full index takes seconds to export). The index must not change meanwhile:
-        iterate a ``copy_in_steps`` copy."""
+        iterate a ``copy_in_steps`` copy. ``newest_first=False``: least recently used first
+        (a snapshot streams its parts in that order, so a reader merging each part as it
+        arrives rebuilds the LRU order)."""
         gen_of = _gen_getter(gens) if gens is not None else None
-        for key in self._ordered(newest_first=True):
+        for key in self._ordered(newest_first=newest_first):
             shard = self._shards[key % self._n]
             wire: list[WireSlot] = []
             for slot in _as_tuple(shard[key]):

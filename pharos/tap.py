@@ -31,9 +31,8 @@ from pharos.obs.reqlog import RequestLog
 from pharos.peer.membership import Membership
 from pharos.peer.node import PeerNode, TreqTransport
 from pharos.peer.site import peer_site
-from pharos.peer.snapshot import Replicas, restore_in_steps
+from pharos.peer.snapshot import Replicas, restore_bytes
 from pharos.peer.snapshot import build as build_snapshot
-from pharos.peer.snapshot import decode as decode_snapshot
 from pharos.peer.statefile import StateFile
 from pharos.peer.wire import fingerprint
 from pharos.policy import PolicyConfig
@@ -185,8 +184,7 @@ class PharosService(MultiService):
             node = self.peer_node = PeerNode(
                 self.ledger.origin, lambda: fingerprint(self.config), self.sched, self.ledger,
                 TreqTransport(self.client, self.peer_secret), Membership(config.peers),
-                reactor, restore=lambda data: restore_in_steps(
-                    self.replicas, decode_snapshot(data), reactor))
+                reactor, restore=lambda data: restore_bytes(self.replicas, data, reactor))
             self.sched.on_prefix = node.push
             self.metrics.peers = node
             self.pages.status_page.peers = node

@@ -132,7 +132,7 @@ class PeerNode(Service):
     """Sender loops, delta merges and snapshot pulls for one instance.
 
     ``fingerprint`` is called per delta (a hot reload may change it); ``restore`` merges a
-    snapshot's bytes (``pharos.peer.snapshot.decode`` + ``restore_in_steps``; it may return a
+    snapshot's bytes (``pharos.peer.snapshot.restore_bytes``, in steps; it may return a
     Deferred) and raises ``ValueError`` on a bad one.
     """
 

@@ -1,19 +1,34 @@
 """The Snapshot of spec §12: what ``GET /peer/snapshot`` serves and the state file holds.
 
-Gzip'd versioned JSON::
+Gzip of newline-delimited JSON, so it is written and read in small steps (a snapshot with
+the default caps full is 31 MB of JSON: one ``json.loads`` of it holds the GIL for seconds)::
 
-    {"proto": 1, "origin": "...", "taken_at": 1764633600.0,
-     "prefix": [[link_hash, [[target_key, last_used], ...]], ...],   most recently used first
-     "cells":  [{...Ledger.export row...}, ...],                      Day cells of every origin
-     "stats":  [{"target": key, "prefill_sec_per_token": x, "load_sec": y, "service_sec": z}]}
+    {"proto": 1, "origin": "...", "taken_at": 1764633600.0}                 the header, first
+    {"stats": [{"target": key, "prefill_sec_per_token": x, "load_sec": y, "service_sec": z}]}
+    {"cells": [{...Ledger.export row...}, ...]}                              Day cells, any origin
+    {"prefix": [[link_hash, [[target_key, last_used], ...]], ...]}
+
+A part line holds at most ``PART_ITEMS`` items (tens of KB). Prefix parts come least
+recently used part first, each part's entries most recent first (as ``PrefixIndex.merge``
+takes them), so a reader that merges each part as it arrives rebuilds the writer's LRU
+order; the snapshot's prefix entries, most recent first, are the parts read backwards.
+Readers take parts in any order and any number; unknown fields, part kinds and trailing
+list items are ignored so mixed versions interoperate; ``PROTO`` is bumped only for a
+breaking change, and a newer one is refused. (A small snapshot of the first proto-1 writers,
+one JSON object on one line, is a header carrying all three parts: it still reads.)
 
 Prompt text never appears: a prefix entry is a 64-bit link hash and the targets that held it.
 Each replicated module owns its export and merge (``PrefixIndex.iter_export``/``merge``,
 ``Ledger.iter_export``/``merge``, ``State.export_stats``/``merge_stats``); this module only
-turns them into bytes and back. Unknown fields (and trailing list items) are ignored so mixed
-versions interoperate; ``PROTO`` is bumped only for a breaking change. ``build`` works in small
-steps on the injected clock (a full index and 400 days of cells take seconds to encode); so
-does ``restore_in_steps``, for a running instance merging a big snapshot.
+turns them into bytes and back, in steps on the injected clock (``build``,
+``restore_bytes``), so a serving instance merging a peer's snapshot keeps serving.
+
+A bad stream raises ``SnapshotError``. ``restore_bytes`` first inflates the whole stream once
+without parsing it (a fraction of the parse's cost), so a truncated or corrupt gzip stream
+(its CRC) merges nothing; a stream that is whole gzip but wrong inside (a bad line) has the
+parts before that line merged. That is safe: every merge is idempotent and max-based (prefix
+slots by ``last_used``, cells field-wise max, stats only where no local sample), so a partial
+merge is a subset of a valid snapshot's effect, and merging the whole one later completes it.
 """
 
 from __future__ import annotations
@@ -21,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,20 +51,58 @@ from pharos.usage import Ledger, parse_cell
 
 #: Wire version shared by deltas, snapshots and the state file.
 PROTO: Final = 1
-#: Items encoded or merged per step; the cooperator runs steps for about 10 ms, then lets the
-#: reactor run.
-STEP_ITEMS: Final = 256
+#: Items per part line (about 120 KB of cells or 35 KB of prefix entries): a line is parsed
+#: and merged in one step, a few ms.
+PART_ITEMS: Final = 512
+#: Bytes inflated per reading step.
+INFLATE_STEP: Final = 256 * 1024
+#: Bytes inflated per step of the first pass that only checks the gzip stream.
+CHECK_STEP: Final = 4 * 1024 * 1024
+#: A longer line is refused (parsing it would hold the reactor for tens of ms).
+MAX_LINE_BYTES: Final = 1024 * 1024
 #: A snapshot inflating past this is refused (a gzip bomb, or not a snapshot): 200k prefix
-#: entries and 80k cells take about 35 MB.
+#: entries and 80k cells take about 31 MB.
 MAX_DECODED_BYTES: Final = 512 * 1024 * 1024
 _U64: Final = 2**64
 #: Seconds between two slices of steps: the next reactor turn (a zero delay would run every
 #: slice within one ``Clock.advance``).
 TURN: Final = 1e-6
+#: The part kinds this release reads.
+PARTS: Final = ("prefix", "cells", "stats")
+
+
+@dataclass
+class Restored:
+    """What a restore merged and dropped, per part (prefix counted in slots), and whose
+    snapshot it was (``None`` until its header is read)."""
+
+    prefix_merged: int = 0
+    prefix_dropped: int = 0  # slots of targets not seen here (yet)
+    cells_changed: int = 0
+    cells_unchanged: int = 0  # already known, or past retention
+    stats_taken: int = 0
+    stats_pending: int = 0  # rows for targets not seen yet, taken when they appear
+    origin: str | None = None
+    taken_at: float | None = None
+
+    @property
+    def merged_any(self) -> bool:
+        return bool(self.prefix_merged or self.prefix_dropped or self.cells_changed
+                    or self.cells_unchanged or self.stats_taken or self.stats_pending)
+
+    def __str__(self) -> str:
+        return (f"prefix {self.prefix_merged} merged, {self.prefix_dropped} dropped; "
+                f"cells {self.cells_changed} changed, {self.cells_unchanged} unchanged; "
+                f"stats {self.stats_taken} taken, {self.stats_pending} pending")
 
 
 class SnapshotError(ValueError):
-    """Garbage, truncated gzip, a wrong shape, or an incompatible proto."""
+    """Garbage, truncated gzip, a wrong shape, or an incompatible proto. ``partial``: what a
+    ``restore_bytes`` merged before the defect (whole parts only), if anything."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.partial: Restored | None = None
 
 
 @dataclass
@@ -63,7 +116,8 @@ class Replicas:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A decoded snapshot, checked all through: ``restore`` cannot fail half way."""
+    """A whole decoded snapshot (``decode``: tests and tools; an instance merges the bytes
+    with ``restore_bytes`` and never holds one), prefix entries most recent first."""
 
     proto: int
     origin: str
@@ -73,29 +127,12 @@ class Snapshot:
     stats: tuple[Mapping[str, object], ...] = ()
 
 
-@dataclass
-class Restored:
-    """What a restore merged and dropped, per part (prefix counted in slots)."""
-
-    prefix_merged: int = 0
-    prefix_dropped: int = 0  # slots of targets not seen here (yet)
-    cells_changed: int = 0
-    cells_unchanged: int = 0  # already known, or past retention
-    stats_taken: int = 0
-    stats_pending: int = 0  # rows for targets not seen yet, taken when they appear
-
-    def __str__(self) -> str:
-        return (f"prefix {self.prefix_merged} merged, {self.prefix_dropped} dropped; "
-                f"cells {self.cells_changed} changed, {self.cells_unchanged} unchanged; "
-                f"stats {self.stats_taken} taken, {self.stats_pending} pending")
-
-
 # --- build ------------------------------------------------------------------------------------
 
 
 def build(replicas: Replicas, clock: IReactorTime, *,
           steps_per_turn: int | None = None) -> Deferred[bytes]:
-    """The snapshot of ``replicas`` as gzip'd JSON, encoded in steps on ``clock`` so the
+    """The snapshot of ``replicas`` as bytes, encoded a part per step on ``clock`` so the
     reactor keeps serving (the prefix index is copied a shard per step first, the cells when
     their turn comes). ``steps_per_turn``: a fixed number of steps per reactor turn instead
     of about 10 ms of them (tests)."""
@@ -116,39 +153,31 @@ def build_now(replicas: Replicas, clock: IReactorTime) -> bytes:
 def _build_steps(replicas: Replicas, taken_at: float, out: list[bytes]) -> Iterator[None]:
     gz = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header and trailer
 
-    def put(text: str) -> None:
-        out.append(gz.compress(text.encode()))
+    def line(doc: Mapping[str, object]) -> None:
+        out.append(gz.compress(json.dumps(doc, separators=(",", ":")).encode() + b"\n"))
 
     state, ledger = replicas.state, replicas.ledger
-    header = {"proto": PROTO, "origin": ledger.origin, "taken_at": taken_at}
-    put(json.dumps(header)[:-1])
+    line({"proto": PROTO, "origin": ledger.origin, "taken_at": taken_at})
     copy: PrefixIndex | None = None
     for copy in replicas.index.copy_in_steps():
         if copy is None:
             yield None
     assert copy is not None
+    line({"stats": state.export_stats()})
+    for rows in _batches(ledger.iter_export(minutes=False)):
+        line({"cells": rows})
+        yield None
     # Targets are only ever added, so names and gens read now cover every slot of the copy.
     keys = {t.id: t.key for t in state.targets}
     gens = {t.id: t.gen for t in state.targets}
-    put(', "prefix": [')
-    first = True
-    for batch in _batches(copy.iter_export(keys.get, gens)):
-        text = json.dumps([[e.key, [[s.target_key, s.last_used] for s in e.slots]]
-                           for e in batch], separators=(",", ":"))
-        put(("" if first else ",") + text[1:-1])
-        first = False
+    for batch in _batches(copy.iter_export(keys.get, gens, newest_first=False)):
+        line({"prefix": [[e.key, [[s.target_key, s.last_used] for s in e.slots]]
+                         for e in reversed(batch)]})
         yield None
-    put('], "cells": [')
-    first = True
-    for rows in _batches(ledger.iter_export(minutes=False)):
-        put(("" if first else ",") + json.dumps(rows, separators=(",", ":"))[1:-1])
-        first = False
-        yield None
-    put('], "stats": ' + json.dumps(state.export_stats(), separators=(",", ":")) + "}")
     out.append(gz.flush())
 
 
-def _batches(items: Iterator[Any], size: int = STEP_ITEMS) -> Iterator[list[Any]]:
+def _batches(items: Iterator[Any], size: int = PART_ITEMS) -> Iterator[list[Any]]:
     batch: list[Any] = []
     for item in items:
         batch.append(item)
@@ -186,26 +215,89 @@ def _cooperate(clock: IReactorTime, steps: Iterator[None],
     return d.addBoth(stop)
 
 
-# --- decode -----------------------------------------------------------------------------------
+# --- read -------------------------------------------------------------------------------------
 
 
-def decode(data: bytes) -> Snapshot:
-    """A snapshot's bytes back, checked all through; ``SnapshotError`` says what is wrong."""
-    try:
-        inflate = zlib.decompressobj(31)
-        raw = inflate.decompress(data, MAX_DECODED_BYTES)
-        if inflate.unconsumed_tail:
-            raise SnapshotError(f"larger than {MAX_DECODED_BYTES} bytes once inflated")
-        if not inflate.eof:
+@dataclass(frozen=True)
+class _Header:
+    proto: int
+    origin: str
+    taken_at: float
+
+
+#: What reading yields: None between steps, the header, or one checked part.
+_Event = tuple[str, Any] | None
+
+
+def _check_gzip(data: bytes) -> Iterator[None]:
+    """Inflate the whole stream without keeping it, a step at a time: a truncated or corrupt
+    one (zlib checks the gzip CRC and length) raises before anything is merged."""
+    for _ in _inflated(data, CHECK_STEP):
+        yield None
+
+
+def _inflated(data: bytes, step: int) -> Iterator[bytes]:
+    """The inflated stream, at most ``step`` bytes at a time; every defect a SnapshotError."""
+    inflate = zlib.decompressobj(31)
+    pending, total = data, 0
+    while not inflate.eof:
+        try:
+            chunk = inflate.decompress(pending, step)
+        except zlib.error as e:
+            raise SnapshotError(f"not gzip: {e}") from None
+        pending = inflate.unconsumed_tail
+        if not chunk and not pending and not inflate.eof:
             raise SnapshotError("truncated: the gzip stream ends early")
-    except zlib.error as e:
-        raise SnapshotError(f"not gzip: {e}") from None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise SnapshotError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise SnapshotError(f"expected a JSON object, not {type(doc).__name__}")
+        total += len(chunk)
+        if total > MAX_DECODED_BYTES:
+            raise SnapshotError(f"larger than {MAX_DECODED_BYTES} bytes once inflated")
+        yield chunk
+    if inflate.unused_data:
+        raise SnapshotError("trailing bytes after the gzip stream")
+
+
+def _lines(data: bytes) -> Iterator[bytes | None]:
+    """The stream's non-empty lines, None after each inflated chunk."""
+    rest = b""
+    for chunk in _inflated(data, INFLATE_STEP):
+        *whole, rest = (rest + chunk).split(b"\n")
+        for line in (*whole, rest):
+            if len(line) > MAX_LINE_BYTES:
+                raise SnapshotError(f"a line longer than {MAX_LINE_BYTES} bytes")
+        yield from (line for line in whole if line.strip())
+        yield None
+    if rest.strip():
+        yield rest
+
+
+def _events(data: bytes) -> Iterator[_Event]:
+    """The header, then each part checked through, a line per step. Parts before a defect
+    are yielded before it raises."""
+    counts = dict.fromkeys(PARTS, 0)
+    header: _Header | None = None
+    for line in _lines(data):
+        if line is None:
+            yield None
+            continue
+        try:
+            doc = json.loads(line)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise SnapshotError(f"not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise SnapshotError(f"expected a JSON object, not {type(doc).__name__}")
+        if header is None:
+            header = _header(doc)
+            yield "header", header
+        for kind in PARTS:
+            if kind in doc:
+                items = _part(doc, kind, counts[kind])
+                counts[kind] += len(items)
+                yield kind, items
+    if header is None:
+        raise SnapshotError("truncated: no header")
+
+
+def _header(doc: Mapping[str, object]) -> _Header:
     proto = doc.get("proto")
     if type(proto) is not int:
         raise SnapshotError(f"proto must be an integer, not {proto!r}")
@@ -218,38 +310,63 @@ def decode(data: bytes) -> Snapshot:
     if not _finite(taken_at):
         raise SnapshotError(f"taken_at must be a number, not {taken_at!r}")
     assert isinstance(taken_at, int | float)
-    prefix = tuple(_entry(e, i) for i, e in enumerate(_list(doc, "prefix")))
-    cells = _list(doc, "cells")
-    for i, cell in enumerate(cells):
-        if not isinstance(cell, dict):
-            raise SnapshotError(f"cells[{i}]: expected an object")
-        try:
-            parse_cell(cell)
-        except ValueError as e:
-            raise SnapshotError(f"cells[{i}]: {e}") from None
-    stats = _list(doc, "stats")
-    for i, row in enumerate(stats):
-        if not isinstance(row, dict) or not isinstance(row.get("target"), str):
-            raise SnapshotError(f"stats[{i}]: expected an object with a target string")
-        try:
-            parse_stats(row)
-        except ValueError as e:
-            raise SnapshotError(f"stats[{i}]: {e}") from None
-    return Snapshot(proto, origin, float(taken_at), prefix, tuple(cells), tuple(stats))
+    return _Header(proto, origin, float(taken_at))
+
+
+def _part(doc: Mapping[str, object], kind: str, first: int) -> list[Any]:
+    """One part's items, checked all through (``first``: the index of its first item among
+    all parts of its kind, for messages)."""
+    items = doc[kind]
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SnapshotError(f"{kind} must be a list, not {type(items).__name__}")
+    if kind == "prefix":
+        return [_entry(e, first + i) for i, e in enumerate(items)]
+    for i, item in enumerate(items, first):
+        if kind == "cells":
+            if not isinstance(item, dict):
+                raise SnapshotError(f"cells[{i}]: expected an object")
+            try:
+                parse_cell(item)
+            except ValueError as e:
+                raise SnapshotError(f"cells[{i}]: {e}") from None
+        else:
+            if not isinstance(item, dict) or not isinstance(item.get("target"), str):
+                raise SnapshotError(f"stats[{i}]: expected an object with a target string")
+            try:
+                parse_stats(item)
+            except ValueError as e:
+                raise SnapshotError(f"stats[{i}]: {e}") from None
+    return items
+
+
+def decode(data: bytes) -> Snapshot:
+    """A whole snapshot's bytes back, checked all through (tests and tools: it holds every
+    entry at once; an instance uses ``restore_bytes``). ``SnapshotError`` says what is
+    wrong."""
+    header: _Header | None = None
+    parts: dict[str, list[Any]] = {kind: [] for kind in PARTS}
+    prefix_parts: list[list[Entry]] = []
+    for event in _events(data):
+        if event is None:
+            continue
+        kind, value = event
+        if kind == "header":
+            header = value
+        elif kind == "prefix":
+            prefix_parts.append(value)
+        else:
+            parts[kind].extend(value)
+    assert header is not None
+    prefix = tuple(e for part in reversed(prefix_parts) for e in part)
+    return Snapshot(header.proto, header.origin, header.taken_at, prefix,
+                    tuple(parts["cells"]), tuple(parts["stats"]))
 
 
 def _finite(value: object) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value))
-
-
-def _list(doc: Mapping[str, object], name: str) -> list[Any]:
-    value = doc.get(name)
-    if value is None:
-        return []  # a part added later, or left out: nothing of it
-    if not isinstance(value, list):
-        raise SnapshotError(f"{name} must be a list, not {type(value).__name__}")
-    return value
 
 
 def _entry(raw: object, i: int) -> Entry:
@@ -274,46 +391,68 @@ def _entry(raw: object, i: int) -> Entry:
 
 def restore(replicas: Replicas, snap: Snapshot, now: float,
             source: Source = "restored") -> Restored:
-    """Merge ``snap`` through each module's own ``merge`` in one go (idempotent, so merging
-    several sources, or one twice, is safe). Prefix slots of targets not seen here are dropped
-    (restore after the first scrape round); stats of such targets wait for them."""
-    done = Restored()
-    for _ in _restore_steps(replicas, snap, lambda: now, source, done, whole=True):
-        pass
+    """Merge a decoded ``snap`` through each module's own ``merge`` in one go (tests and
+    tools; idempotent, so merging several sources, or one twice, is safe). Prefix slots of
+    targets not seen here are dropped (restore after the first scrape round); stats of such
+    targets wait for them."""
+    done = Restored(origin=snap.origin, taken_at=snap.taken_at)
+    _merge(replicas, "prefix", snap.prefix, now, source, done)
+    _merge(replicas, "cells", snap.cells, now, source, done)
+    _merge(replicas, "stats", snap.stats, now, source, done)
     return done
 
 
-def restore_in_steps(replicas: Replicas, snap: Snapshot, clock: IReactorTime,
-                     source: Source = "restored", *,
-                     steps_per_turn: int | None = None) -> Deferred[Restored]:
-    """``restore`` in steps on ``clock``, for an instance that serves meanwhile."""
+def restore_bytes(replicas: Replicas, data: bytes, clock: IReactorTime,
+                  source: Source = "restored", *,
+                  steps_per_turn: int | None = None) -> Deferred[Restored]:
+    """Check, decode and merge a snapshot's bytes in steps on ``clock`` (each part merged as
+    it is read, so neither the JSON nor the decoded snapshot is ever held whole), for an
+    instance that serves meanwhile. Fails with ``SnapshotError`` (its ``partial``: whole
+    parts merged before a defect inside a whole gzip stream; see the module docstring)."""
     done = Restored()
-    steps = _restore_steps(replicas, snap, clock.seconds, source, done, whole=False)
-    return _cooperate(clock, steps, steps_per_turn).addCallback(lambda _: done)
+    steps = _restore_steps(replicas, data, clock.seconds, source, done)
+    d = _cooperate(clock, steps, steps_per_turn)
+
+    def failed(f: Any) -> Any:
+        if f.check(SnapshotError) and done.merged_any:
+            f.value.partial = done
+        return f
+
+    return d.addCallbacks(lambda _: done, failed)
 
 
-def _restore_steps(replicas: Replicas, snap: Snapshot, now: Callable[[], float],
-                   source: Source, done: Restored, whole: bool) -> Iterator[None]:
+def _restore_steps(replicas: Replicas, data: bytes, now: Callable[[], float],
+                   source: Source, done: Restored) -> Iterator[None]:
+    yield from _check_gzip(data)
+    for event in _events(data):
+        if event is not None:
+            kind, value = event
+            if kind == "header":
+                done.origin, done.taken_at = value.origin, value.taken_at
+            else:
+                _merge(replicas, kind, value, now(), source, done)
+        yield None
+
+
+def _merge(replicas: Replicas, kind: str, items: Any, now: float, source: Source,
+           done: Restored) -> None:
+    """One checked part through its module's merge (target ids and gens read afresh: a
+    serving instance may register targets or bump gens between parts)."""
     state = replicas.state
-    ids = {t.key: t.id for t in state.targets}
-    gens = {t.id: t.gen for t in state.targets}
-    size = len(snap.prefix) if whole else STEP_ITEMS
-    # Oldest batch first: merge applies a batch from its oldest entry, so the LRU order of
-    # the whole snapshot carries over.
-    for end in range(len(snap.prefix), 0, -max(size, 1)):
-        batch = snap.prefix[max(0, end - size):end]
-        slots = sum(len(e.slots) for e in batch)
-        dropped = replicas.index.merge(batch, ids.get, gens, now(), source)
+    if kind == "prefix":
+        if not items:
+            return
+        ids = {t.key: t.id for t in state.targets}
+        gens = {t.id: t.gen for t in state.targets}
+        slots = sum(len(e.slots) for e in items)
+        dropped = replicas.index.merge(items, ids.get, gens, now, source)
         done.prefix_merged += slots - dropped
         done.prefix_dropped += dropped
-        yield None
-    size = len(snap.cells) if whole else STEP_ITEMS
-    for start in range(0, len(snap.cells), max(size, 1)):
-        batch_cells: Sequence[Mapping[str, object]] = snap.cells[start:start + size]
-        changed = replicas.ledger.merge(batch_cells)
+    elif kind == "cells":
+        changed = replicas.ledger.merge(items)
         done.cells_changed += changed
-        done.cells_unchanged += len(batch_cells) - changed
-        yield None
-    taken, pending = state.merge_stats(snap.stats)
-    done.stats_taken += taken
-    done.stats_pending += pending
+        done.cells_unchanged += len(items) - changed
+    elif kind == "stats":
+        taken, pending = state.merge_stats(items)
+        done.stats_taken += taken
+        done.stats_pending += pending

@@ -4,9 +4,11 @@ its prefix index, usage and speeds across restarts.
 Written every ``WRITE_EVERY`` seconds and once more at shutdown (after the drain, so nothing
 counted is lost): the snapshot is built in steps on the reactor (``snapshot.build``), then
 written to a temporary file beside it, synced and renamed over it in a thread, so a crash
-mid-write leaves the previous file whole. At start it is read and decoded in a thread and
-merged in steps through the same ``restore`` peers use; a missing file is a first start, and
-a truncated or corrupt one is logged and the instance starts empty rather than not at all.
+mid-write leaves the previous file whole. At start it is read in a thread, then checked,
+decoded and merged in steps on the reactor (``snapshot.restore_bytes``, the code that merges a
+peer's snapshot); a missing file is a first start, and a truncated or corrupt one is logged
+and the instance starts empty rather than not at all (a file that is whole gzip but wrong
+inside keeps the parts before the defect: see ``pharos.peer.snapshot``).
 """
 
 from __future__ import annotations
@@ -56,15 +58,20 @@ def write_atomically(path: str, data: bytes) -> None:
         raise
 
 
-def read_snapshot(path: str) -> Snapshot | None:
-    """The decoded file; None when there is none (blocking; raises ``OSError`` or
-    ``SnapshotError``)."""
+def read_bytes(path: str) -> bytes | None:
+    """The file's bytes; None when there is none (blocking; raises ``OSError``)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
         return None
-    return snapshot.decode(data)
+
+
+def read_snapshot(path: str) -> Snapshot | None:
+    """The whole decoded file (tests and tools; blocking; raises ``OSError`` or
+    ``SnapshotError``); None when there is none."""
+    data = read_bytes(path)
+    return None if data is None else snapshot.decode(data)
 
 
 class StateFile(Service):
@@ -145,17 +152,26 @@ class StateFile(Service):
         the instance starts without it."""
         async def go() -> None:
             try:
-                snap = await self.in_thread(lambda: read_snapshot(self.path))
-            except (OSError, SnapshotError) as e:
-                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                data = await self.in_thread(lambda: read_bytes(self.path))
+            except OSError as e:
                 log.error("state file {path} not restored, starting empty: {why}",
-                          path=self.path, why=why)
+                          path=self.path, why=e.strerror or str(e))
                 return
-            if snap is None:
+            if data is None:
                 log.info("state file {path}: none yet, starting empty", path=self.path)
                 return
-            got = await snapshot.restore_in_steps(self.replicas, snap, self.clock)
+            try:
+                got = await snapshot.restore_bytes(self.replicas, data, self.clock)
+            except SnapshotError as e:
+                if e.partial is None:
+                    log.error("state file {path} not restored, starting empty: {why}",
+                              path=self.path, why=str(e))
+                else:
+                    log.error("state file {path} restored only in part ({got}): {why}",
+                              path=self.path, got=str(e.partial), why=str(e))
+                return
+            age = self.clock.seconds() - (got.taken_at or 0.0)
             log.info("state file {path} restored (taken {age:.0f} s ago): {got}",
-                     path=self.path, age=self.clock.seconds() - snap.taken_at, got=str(got))
+                     path=self.path, age=age, got=str(got))
 
         return Deferred.fromCoroutine(go())

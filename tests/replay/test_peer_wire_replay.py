@@ -36,19 +36,30 @@ def test_proto1_delta_decodes_and_merges() -> None:
 
 
 def test_proto1_snapshot_decodes_and_restores() -> None:
-    """The proto-1 snapshot (an instance with one finished request, a departed instance's
-    cells and a learned target) restores into a current instance: both origins' usage, the
-    prefix entries and the target's stats."""
-    from pharos.peer.snapshot import Replicas, restore
+    """The proto-1 snapshot (newline-delimited JSON parts in gzip: an instance with one
+    finished request, a departed instance's cells and a learned target) decodes whole, and
+    merged in steps from its bytes (as a peer pull and the state file do) restores into a
+    current instance: both origins' usage, the prefix entries and the target's stats."""
+    from pharos.peer.snapshot import Replicas, Restored, restore_bytes
     from pharos.peer.snapshot import decode as decode_snapshot
 
-    snap = decode_snapshot((SAMPLES / "proto1" / "snapshot.json.gz").read_bytes())
+    data = (SAMPLES / "proto1" / "snapshot.ndjson.gz").read_bytes()
+    snap = decode_snapshot(data)
     assert (snap.proto, snap.origin, snap.taken_at) == (1, "o-a:1", 1764637200.6)
+    assert [e.key for e in snap.prefix] == [11, 33]
     clock = Clock()
     clock.advance(RECORDED_AT - 0.8)
     b = instance("b:1", [], MemoryNetwork(), clock, {"http://engine:1": llamacpp(4)})
     clock.advance(0.8)
-    done = restore(Replicas(b.state, b.sched.index, b.ledger), snap, clock.seconds())
+    out: list[object] = []
+    restore_bytes(Replicas(b.state, b.sched.index, b.ledger), data, clock,
+                  steps_per_turn=1).addBoth(out.append)
+    for _ in range(100):
+        if out:
+            break
+        clock.advance(0.001)
+    (done,) = out
+    assert isinstance(done, Restored)
     assert (done.cells_changed, done.prefix_merged, done.stats_taken) == (2, 2, 1)
     assert b.ledger.spent_today(key="alice") == 150
     assert [r["unmetered"] for r in b.ledger.export() if r["origin"] == "o-gone"] == [1]

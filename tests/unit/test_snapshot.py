@@ -1,10 +1,12 @@
-"""Layer 1: the §12 Snapshot (pharos.peer.snapshot): built in steps on a Clock, decoded with
-every defect named, restored through each module's own merge."""
+"""Layer 1: the §12 Snapshot (pharos.peer.snapshot): newline-delimited JSON parts in gzip,
+built and merged a part per step on a Clock, every defect named, restored through each
+module's own merge."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from typing import Any
 
 import pytest
@@ -12,7 +14,18 @@ from twisted.internet.task import Clock
 
 from pharos.config import Backend as BackendSpec
 from pharos.peer import snapshot
-from pharos.peer.snapshot import PROTO, Replicas, SnapshotError, build, decode, restore
+from pharos.peer.snapshot import (
+    MAX_LINE_BYTES,
+    PART_ITEMS,
+    PROTO,
+    Replicas,
+    Restored,
+    SnapshotError,
+    build,
+    decode,
+    restore,
+    restore_bytes,
+)
 from pharos.prefix import PrefixIndex, chain
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
@@ -135,18 +148,39 @@ def test_restore_goes_through_each_modules_merge(monkeypatch: pytest.MonkeyPatch
     assert calls == ["PrefixIndex.merge:restored", "Ledger.merge", "State.merge_stats"]
 
 
-def test_restore_in_steps_keeps_the_lru_order() -> None:
-    """Merged a batch at a time (oldest batch first), the restored index has the snapshot's
-    order, most recent first."""
+def lines(data: bytes) -> list[dict[str, Any]]:
+    """A snapshot's lines, parsed."""
+    return [json.loads(line) for line in gzip.decompress(data).splitlines()]
+
+
+def test_restore_bytes_merges_part_by_part_and_keeps_the_lru_order() -> None:
+    """The stream is a header line then small part lines (at most PART_ITEMS items each,
+    prefix parts least recent first); merged from the bytes one step per turn, the parts land
+    between turns (never all in one), and the restored index has the writer's LRU order."""
     c = clock()
-    r, targets = replicas(c)
-    for i in range(700):
-        r.index.record([i + 1], targets[i % 2].id, 0, NOW - 1000 + i)
-    snap = decode(snapshot.build_now(r, c))
-    fresh, ftargets = replicas(c)
-    got = pump(c, snapshot.restore_in_steps(fresh, snap, c, steps_per_turn=1))
-    assert got.prefix_merged == 700
+    r, targets = replicas(c, capacity=5000)
+    n = PART_ITEMS * 3 + 100
+    for i in range(n):
+        r.index.record([i + 1], targets[i % 2].id, 0, NOW - 10_000 + i)
+    data = snapshot.build_now(r, c)
+    parsed = lines(data)
+    assert set(parsed[0]) == {"proto", "origin", "taken_at"}
+    prefix = [p["prefix"] for p in parsed if "prefix" in p]
+    assert len(prefix) == 4 and all(len(p) <= PART_ITEMS for p in prefix)
+    assert prefix[0][-1][0] == 1 and prefix[-1][0][0] == n  # oldest part first
+    fresh, _ = replicas(c, capacity=5000)
+    out: list[Any] = []
+    restore_bytes(fresh, data, c, steps_per_turn=1).addBoth(out.append)
+    seen: set[int] = set()
+    while not out:
+        c.advance(0.001)
+        seen.add(len(fresh.index))
+    assert {0, PART_ITEMS, n} <= seen  # one part merged at a time
+    got = out[0]
+    assert isinstance(got, Restored) and got.prefix_merged == n
+    assert (got.origin, got.taken_at) == ("a", NOW)
     assert fresh.index.lru_order() == r.index.lru_order()
+    assert list(decode(data).prefix) == r.index.export({t.id: t.key for t in targets}.get)
 
 
 def test_stats_only_where_no_local_sample_and_wait_for_unseen_targets() -> None:
@@ -211,10 +245,111 @@ GOOD = {"proto": PROTO, "origin": "x", "taken_at": NOW}
 ])
 def test_bad_snapshots_are_refused_by_name(data: bytes, why: str) -> None:
     """Garbage, truncated gzip, wrong types and another proto raise SnapshotError saying
-    what is wrong (a ValueError, never anything else)."""
+    what is wrong (a ValueError, never anything else), decoded whole or merged in steps; in
+    steps nothing of such a one-line snapshot is merged."""
     with pytest.raises(SnapshotError, match=None) as e:
         decode(data)
     assert why in str(e.value)
+    c = clock()
+    r, _ = replicas(c)
+    failure = pump(c, restore_bytes(r, data, c))
+    assert failure.check(SnapshotError) and why in failure.getErrorMessage()
+    assert failure.value.partial is None
+    assert len(r.index) == 0 and r.ledger.export() == []
+
+
+def ndjson(*docs: object, tail: bytes = b"") -> bytes:
+    """Lines of JSON, gzip'd (``tail``: raw bytes appended before compressing)."""
+    raw = b"".join(json.dumps(d).encode() + b"\n" for d in docs) + tail
+    return gzip.compress(raw)
+
+
+def test_a_corrupt_or_truncated_stream_merges_nothing() -> None:
+    """A stream cut short or with a byte flipped mid-way (the gzip CRC, or inflate itself,
+    catches it) is refused before any part is merged, even parts that precede the damage;
+    so are bytes after the gzip stream."""
+    c = clock()
+    r, _ = filled(c)
+    for i in range(2000):
+        r.index.record([10_000 + i], 0, 0, NOW - 50)
+    good = snapshot.build_now(r, c)
+    flipped = bytearray(good)
+    flipped[len(good) * 3 // 4] ^= 0x10
+    for bad in (good[: len(good) * 3 // 4], bytes(flipped), good + b"x", good + good):
+        fresh, _ = replicas(c)
+        failure = pump(c, restore_bytes(fresh, bad, c, steps_per_turn=1))
+        assert failure.check(SnapshotError), failure
+        assert failure.value.partial is None
+        assert len(fresh.index) == 0 and fresh.ledger.export() == []
+
+
+def test_a_bad_line_in_a_whole_stream_keeps_the_parts_before_it() -> None:
+    """A whole gzip stream whose third line is wrong: the parts before it are merged (safe:
+    merges are idempotent and max-based) and reported as the error's ``partial``; nothing
+    after it is."""
+    c = clock()
+    r, targets = replicas(c)
+    cell = {"origin": "z", "kind": "day", "bucket": int(NOW // 86400), "key": "k",
+            "tenant": "t", "model": "m1", "requests": 1, "prompt_tokens": 2,
+            "cached_tokens": 0, "completion_tokens": 3, "unmetered": 0}
+    data = ndjson(GOOD, {"cells": [cell]}, {"prefix": [[1, [["t", "x"]]]]},
+                  {"prefix": [[7, [[targets[0].key, NOW]]]]})
+    failure = pump(c, restore_bytes(r, data, c))
+    assert failure.check(SnapshotError) and "prefix[0]: a slot must be" in str(failure.value)
+    assert failure.value.partial.cells_changed == 1
+    assert r.ledger.spent_today(key="k") == 5
+    assert 7 not in r.index
+
+
+def test_parts_in_any_order_unknown_kinds_blank_lines_and_one_line_form() -> None:
+    """Parts may come in any order and number, a line may carry several parts (the header
+    line too: a one-line snapshot reads), unknown part kinds and fields are ignored, blank
+    lines and a last line without its newline are fine."""
+    c = clock()
+    r, targets = replicas(c)
+    cell = {"origin": "z", "kind": "day", "bucket": int(NOW // 86400), "key": "k",
+            "tenant": "t", "model": "m1", "requests": 1, "prompt_tokens": 2,
+            "cached_tokens": 0, "completion_tokens": 3, "unmetered": 0}
+    data = ndjson({**GOOD, "stats": [{"target": targets[1].key, "load_sec": 2.5}]},
+                  {"prefix": [[7, [[targets[0].key, NOW - 5]]]], "later": [1]},
+                  {"sketches": [{"a": 1}]},
+                  {"cells": [cell], "prefix": [[8, [[targets[1].key, NOW - 9]]]]},
+                  tail=b"\n\n" + json.dumps({"cells": []}).encode())
+    got = pump(c, restore_bytes(r, data, c))
+    assert isinstance(got, Restored)
+    assert (got.prefix_merged, got.cells_changed, got.stats_taken) == (2, 1, 1)
+    assert r.ledger.spent_today(key="k") == 5 and {7, 8} <= set(r.index.lru_order())
+    snap = decode(data)
+    assert [e.key for e in snap.prefix] == [8, 7] and len(snap.cells) == 1
+
+
+def test_a_newer_proto_is_refused_before_any_merge() -> None:
+    """A header from a newer proto refuses the whole snapshot, parts on its own line
+    included."""
+    c = clock()
+    r, targets = replicas(c)
+    data = ndjson({**GOOD, "proto": PROTO + 1, "prefix": [[7, [[targets[0].key, NOW]]]]},
+                  {"prefix": [[8, [[targets[0].key, NOW]]]]})
+    failure = pump(c, restore_bytes(r, data, c))
+    assert failure.check(SnapshotError) and f"proto {PROTO + 1}" in str(failure.value)
+    assert len(r.index) == 0
+
+
+def test_an_overlong_line_is_refused() -> None:
+    """A line longer than MAX_LINE_BYTES (a writer that does not split its parts, e.g. one
+    JSON document of a full index) is refused rather than parsed in one reactor turn."""
+    filler = {"origin": "z", "pad": "x" * (MAX_LINE_BYTES + 10)}
+    data = ndjson(GOOD, {"cells": [filler]})
+    with pytest.raises(SnapshotError, match="longer than"):
+        decode(data)
+
+
+def test_a_stream_without_a_header_is_refused() -> None:
+    """An empty (but whole) gzip stream, or one of blank lines, has no header."""
+    for raw in (b"", b"\n\n"):
+        with pytest.raises(SnapshotError, match="no header"):
+            decode(gzip.compress(raw))
+    assert zlib.decompress(gzip.compress(b""), 31) == b""
 
 
 def test_unknown_fields_and_missing_parts_are_ignored() -> None:
