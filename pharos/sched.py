@@ -666,10 +666,20 @@ class Scheduler:
         cands = []
         cold: dict[int, bool] = {}
         held: list[int] = []  # the candidates the index predicts hold the root
-        candidate = self.candidate
+        # ``candidate`` inlined: the clock and the peers' sums read once, not per target.
+        view_at, kept, now = self.state.view_at, self._cands, self.state.clock.seconds()
+        peer_inflight = self._peer_inflight if self.peers else None
         for t in targets:
             tid = t.id
-            c = candidate(t, queued)
+            v = view_at(t, now)
+            inflight = (t.inflight if peer_inflight is None
+                        else t.inflight + peer_inflight.get(tid, 0))
+            e = kept.get(t)
+            if (e is not None and e[0] is v and e[1] == t.stamp and e[2] == inflight
+                    and e[3] == queued):
+                c = e[4]
+            else:
+                c = self._keep(t, v, queued, inflight)
             if matches and (m := matches.get(tid)) is not None:
                 if m.matched_bytes >= root_bytes:
                     held.append(tid)
@@ -877,10 +887,15 @@ class Scheduler:
                 and e[3] == queued):
             c = e[4]
         else:
-            c = self._build(t, v, queued, inflight)
-            if c.warm is not False:
-                self._cands[t] = (v, t.stamp, inflight, queued, c)
+            c = self._keep(t, v, queued, inflight)
         return with_match(c, matched_tokens) if matched_tokens else c
+
+    def _keep(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:
+        """A new unmatched candidate, kept unless the target's model is cold."""
+        c = self._build(t, v, queued, inflight)
+        if c.warm is not False:
+            self._cands[t] = (v, t.stamp, inflight, queued, c)
+        return c
 
     def _build(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:
         """``candidate`` without a match, from the target's view as of now."""

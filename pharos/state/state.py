@@ -300,7 +300,10 @@ class State:
         ``replied_at`` is as it was if the view's ``up`` read it, the clock has not gone
         back, and no fresh round has gone stale since (``view_expires``, ``up_expires``):
         exactly as long as a fresh view would be equal to it."""
-        now = self.clock.seconds()
+        return self.view_at(target, self.clock.seconds())
+
+    def view_at(self, target: Target, now: float) -> View:
+        """``view`` with the clock read by the caller (a decision reads it once)."""
         b = target.backend
         e = self._views.get(target)
         if (e is not None and e[0] == target.stamp and e[1] is b and e[2] == b.stamp
