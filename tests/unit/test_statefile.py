@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from zope.interface import implementer
 
 from pharos.peer import snapshot
 from pharos.peer.statefile import WRITE_EVERY, StateFile, read_snapshot
@@ -127,3 +129,31 @@ def test_writes_never_overlap(tmp_path: Path) -> None:
     assert run(c, first) is None and run(c, second) is None
     assert writer.written == 2
     assert c.seconds() > NOW
+
+
+def test_a_bad_line_inside_a_whole_file_keeps_the_parts_before_it(tmp_path: Path) -> None:
+    """A file that is whole gzip but has a bad line after its cells (a writer's bug, not a
+    crash: the file is renamed into place whole) restores the parts before the line, logs
+    that it restored only in part, and never fails the start."""
+    c = clock()
+    r, _ = filled(c)
+    raw = gzip.decompress(snapshot.build_now(r, c)).splitlines()
+    cells_at = next(i for i, line in enumerate(raw) if line.startswith(b'{"cells"'))
+    path = tmp_path / "s"
+    bad = [*raw[: cells_at + 1], b"{oops", *raw[cells_at + 1 :]]
+    path.write_bytes(gzip.compress(b"\n".join(bad)))
+    fresh, _ = replicas(c)
+    logged: list[str] = []
+
+    @implementer(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        logged.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        assert run(c, StateFile(str(path), fresh, c).restore()) is None
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert fresh.ledger.spent_today(key="alice") == 10
+    assert len(fresh.index) == 0  # the prefix parts come after the bad line
+    assert any("restored only in part" in text for text in logged)
