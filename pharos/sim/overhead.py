@@ -83,6 +83,16 @@ def _watch(port: int, stop: threading.Event, seen: list[int]) -> None:
     conn.close()
 
 
+def _settle(seen: list[int], quiet: float = 0.5, most: float = 5.0) -> None:
+    """Wait until the live reader has read nothing new for ``quiet`` seconds (at most
+    ``most``), after the measurement."""
+    deadline = time.monotonic() + most
+    last = -1
+    while seen[0] != last and time.monotonic() < deadline:
+        last = seen[0]
+        threading.Event().wait(quiet)  # a client process: no reactor to block
+
+
 def bench_overhead(requests: int = 1000, body_kib: int = 32,
                    observe: bool = False) -> dict[str, Any]:
     """Run the engine and Pharos, measure, stop both. ``observe``: with the decision log on
@@ -131,6 +141,8 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32,
                 d_times.append(_ttft(direct, body))
                 r_times.append(_ttft(routed, body))
             cpu = _cpu_seconds(pharos_pid) - cpu0
+            if observe:  # the map sends events in batches (0.1 s): let the last one arrive
+                _settle(seen)
         finally:
             stop.set()
             for p in procs:
