@@ -48,10 +48,10 @@ print(f"plain after - before same round: cpu "
 pooled = {r: (plain_b[r]["cpu"] + plain_a[r]["cpu"]) / 2 for r in both}
 for side in ("base", "after"):
     obs = runs[f"{side}-observe"]
-    rs = sorted(set(obs) & set(pooled))
-    ratio = [obs[r]["cpu"] / pooled[r] - 1 for r in rs]
+    same = sorted(set(obs) & set(pooled))
+    ratio = [obs[r]["cpu"] / pooled[r] - 1 for r in same]
     print(f"{side}-observe vs pooled plain of the same round: cpu "
-          f"{statistics.median([obs[r]['cpu'] - pooled[r] for r in rs]):+.3f} ms "
+          f"{statistics.median([obs[r]['cpu'] - pooled[r] for r in same]):+.3f} ms "
           f"(median ratio {statistics.median(ratio) * 100:+.1f} %)")
 all_plain = [x["cpu"] for v in ("base-plain", "after-plain") for x in runs[v].values()]
 print(f"all plain runs: cpu {med(all_plain)}")
