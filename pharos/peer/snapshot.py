@@ -8,7 +8,7 @@ the default caps full is 31 MB of JSON: one ``json.loads`` of it holds the GIL f
     {"cells": [{...Ledger.export row...}, ...]}                              Day cells, any origin
     {"prefix": [[link_hash, [[target_key, last_used], ...]], ...]}
 
-A part line holds at most ``PART_ITEMS`` items (tens of KB). Prefix parts come least
+A part line holds at most ``PART_ITEMS`` items (a few tens of KB). Prefix parts come least
 recently used part first, each part's entries most recent first (as ``PrefixIndex.merge``
 takes them), so a reader that merges each part as it arrives rebuilds the writer's LRU
 order; the snapshot's prefix entries, most recent first, are the parts read backwards.
@@ -51,9 +51,12 @@ from pharos.usage import Ledger, parse_cell
 
 #: Wire version shared by deltas, snapshots and the state file.
 PROTO: Final = 1
-#: Items per part line (about 120 KB of cells or 35 KB of prefix entries): a line is parsed
-#: and merged in one step, a few ms.
-PART_ITEMS: Final = 512
+#: Items per part line (about 30 KB of cells, 9 KB of prefix entries): a line is parsed and
+#: merged in one step of about a ms. Small enough that a line's objects stay under the
+#: collector's generation-0 threshold (700): with 512, every line set off a young collection
+#: that promoted its objects, and those brought on 4-9 full collections per snapshot (each
+#: 50-450 ms with a full heap); with 128, one or none (contrib/bench/statefile-2026-12-02b).
+PART_ITEMS: Final = 128
 #: Bytes inflated per reading step.
 INFLATE_STEP: Final = 256 * 1024
 #: Bytes inflated per step of the first pass that only checks the gzip stream.
@@ -177,7 +180,8 @@ def _build_steps(replicas: Replicas, taken_at: float, out: list[bytes]) -> Itera
     out.append(gz.flush())
 
 
-def _batches(items: Iterator[Any], size: int = PART_ITEMS) -> Iterator[list[Any]]:
+def _batches(items: Iterator[Any]) -> Iterator[list[Any]]:
+    size = PART_ITEMS
     batch: list[Any] = []
     for item in items:
         batch.append(item)
