@@ -138,12 +138,14 @@ class PharosService(MultiService):
         if self.journal is not None:
             journal = self.journal
             self.public.on_done.append(lambda done: journal.write(done.journal()))
+            self.metrics.journals["usage"] = journal
         dl = config.observability.decision_log
         self.decision_log = (DecisionLog(dl.path, dl.sample_rate, reactor, self.state,
                                          config.policy) if dl is not None else None)
         if self.decision_log is not None:
             self.public.decision_log = self.decision_log
             self.public.on_done.append(self.decision_log.done)
+            self.metrics.journals["decision_log"] = self.decision_log.journal
         self.request_log = RequestLog() if request_log else None
         if self.request_log is not None:
             self.public.on_done.append(self.request_log)

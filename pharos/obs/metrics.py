@@ -37,6 +37,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from pharos.engine.signals import Residency
+from pharos.journal import Journal
 from pharos.peer.node import PeerNode
 from pharos.proxy.done import DECISIONS, Done
 from pharos.sched import Scheduler
@@ -97,6 +98,9 @@ class Metrics(Collector):
         self._known: set[str] = set()  # models some backend listed (labels as themselves)
         #: The peer node, when peers are configured (its series are absent otherwise).
         self.peers: PeerNode | None = None
+        #: The journals (usage journal, decision log) by name, when configured: what each
+        #: dropped (its buffer full: the disk fell behind) or failed to write is counted.
+        self.journals: dict[str, Journal] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -163,6 +167,20 @@ class Metrics(Collector):
         yield from self._scheduler()
         if self.peers is not None:
             yield from self._peers(self.peers)
+        if self.journals:
+            yield from self._journals()
+
+    def _journals(self) -> Iterator[Metric]:
+        dropped = CounterMetricFamily("pharos_journal_dropped_records", "Records a journal "
+                                      "dropped rather than wait: its buffer was full (the disk "
+                                      "fell behind) or it was closed.", labels=("journal",))
+        failed = CounterMetricFamily("pharos_journal_failed_records", "Records a journal "
+                                     "could not write (a failed batch, or not serializable).",
+                                     labels=("journal",))
+        for name, journal in sorted(self.journals.items()):
+            dropped.add_metric((name,), journal.dropped)
+            failed.add_metric((name,), journal.failed)
+        yield from (dropped, failed)
 
     def _requests(self) -> Iterator[Metric]:
         m = CounterMetricFamily("pharos_requests", "Finished requests by key, model and the "

@@ -16,7 +16,7 @@ from twisted.logger import ILogObserver, Logger, formatEvent, globalLogPublisher
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from pharos.config import Key, Usage
+from pharos.config import DecisionLogConfig, Key, Observability, Usage
 from pharos.obs.reqlog import RequestLog
 from pharos.proxy.auth import digest
 from pharos.proxy.done import DECISIONS, Done
@@ -205,6 +205,34 @@ async def test_the_set_of_series_and_labels_is_fixed() -> None:
             got[name] = labels
         assert {n for n in got if n.startswith("pharos_")} == set(SNAPSHOT)
         assert {n: got[n] for n in SNAPSHOT} == SNAPSHOT
+    finally:
+        await f.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_journal_drops_and_failures_are_exposed(tmp_path: Path) -> None:
+    """With a usage journal and a decision log configured, /metrics counts per journal the
+    records it dropped (buffer full or closed) and failed to write: 0 while the writer keeps
+    up, and what a journal really dropped once it did; without journals the series are
+    absent (the snapshot test)."""
+    f = await start(usage=Usage(journal=str(tmp_path / "usage.jsonl")),
+                    observability=Observability(
+                        decision_log=DecisionLogConfig(str(tmp_path / "decisions.jsonl"))))
+    try:
+        assert (await post(f, "/v1/chat/completions", chat()))[0] == 200
+        _, fams = await scrape(f)
+        assert values(fams["pharos_journal_dropped_records"],
+                      "pharos_journal_dropped_records_total") == {
+            (("journal", "decision_log"),): 0.0, (("journal", "usage"),): 0.0}
+        assert set(values(fams["pharos_journal_failed_records"],
+                          "pharos_journal_failed_records_total").values()) == {0.0}
+        usage = f.pharos.journal
+        assert usage is not None
+        await usage.close()  # a closed journal drops what it is given, and counts it
+        assert usage.write({"n": 1}) is False
+        _, fams = await scrape(f)
+        assert values(fams["pharos_journal_dropped_records"],
+                      "pharos_journal_dropped_records_total")[(("journal", "usage"),)] == 1.0
     finally:
         await f.stop()
 
