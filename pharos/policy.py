@@ -16,7 +16,10 @@ Two policies share the signature (``POLICIES``):
     requests will pay for the live prefixes that taking this prompt in pushes out of the only
     cache holding them (``Candidate.evict_tokens``, priced at the target's speed; a small
     cache that holds a few system prompts otherwise gets each new one it is idle enough to
-    win, and the ones it drops pay later). ``wait`` is the prefill Pharos has
+    win, and the ones it drops pay later), plus ``reload``: a cold load's eviction price,
+    the reloads the idle models it pushes out of the host's memory are expected to cost
+    their next requests (``Candidate.reload_sec``, computed by the scheduler with
+    ``pharos.placement``). ``wait`` is the prefill Pharos has
     already sent the target and that has not produced a first byte yet (engines compute prompts
     in arrival order, so a free slot behind three long prompts still waits for them), plus,
     without a free slot, the slot wait of spec §7, or, with a free slot but a KV pool that
@@ -165,6 +168,14 @@ class Candidate:
     #: Tokens the engine's KV pool can still give a new prompt (None: unknown). A prompt
     #: whose uncached part does not fit waits in the engine for blocks although a slot is free.
     kv_free_tokens: int | None = None
+    #: A cold load's eviction price: seconds the next requests of the idle models it pushes
+    #: out of the host's memory (``victims``) are expected to wait for their reload
+    #: (``pharos.placement``). Counted only when the load is paid (cold, not loading).
+    reload_sec: float = 0.0
+    victims: tuple[str, ...] = ()
+    #: How ``load_sec`` was estimated when no load was measured on the target (a
+    #: ``Score.fallbacks`` entry, e.g. ``load_sec=size/host``); None: measured, or unknown.
+    load_basis: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +216,8 @@ class PolicyConfig:
 #: A score as a plain tuple in ``Score``'s field order: what a decision keeps (a frozen
 #: dataclass costs about 1 µs to construct, 64 of them most of the budget of a pick).
 ScoreTerms: TypeAlias = tuple[
-    int, float | None, float, float, float, float, float, tuple[str, ...], str | None, float
+    int, float | None, float, float, float, float, float, tuple[str, ...], str | None, float,
+    float,
 ]
 #: Positions in ``ScoreTerms`` the policy itself reads.
 _LOAD: Final = 3
@@ -213,6 +225,7 @@ _PREFILL: Final = 4
 _KV_PENALTY: Final = 5
 _FALLBACKS: Final = 7
 _EVICT: Final = 9
+_RELOAD: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +233,7 @@ class Score:
     """One candidate's terms, in seconds."""
 
     target_id: int
-    est_ttft: float | None  # wait + load + prefill + kv_penalty + evict; None when set aside
+    est_ttft: float | None  # wait + load + prefill + kv_penalty + evict + reload; None: aside
     wait: float
     load: float
     prefill: float  # uncached tokens only
@@ -231,6 +244,9 @@ class Score:
     #: The prefill later requests pay for the live prefixes taking this prompt in pushes out
     #: of the only cache holding them (``Candidate.evict_tokens`` at this target's speed).
     evict: float = 0.0
+    #: A cold load's eviction price: the reloads it forces on the models it evicts
+    #: (``Candidate.reload_sec``).
+    reload: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -444,7 +460,7 @@ class _Fleet:
                 fallbacks = (note,)
             wait = (c.queue_ahead + 1) / capacity * service + c.queued_prefill_sec
 
-        load = 0.0
+        load = reload = 0.0
         if c.warm is False and not c.loading:
             fits = c.fits_if_cold
             if fits is False:
@@ -455,7 +471,10 @@ class _Fleet:
             if load_sec is None:
                 load_sec, note = self.load_sec()
                 fallbacks = (*fallbacks, note)
+            elif c.load_basis is not None:
+                fallbacks = (*fallbacks, c.load_basis)
             load = load_sec
+            reload = c.reload_sec
 
         prompt = self.prompt
         matched = _matched(c.matched_tokens, prompt)
@@ -489,9 +508,10 @@ class _Fleet:
             set_aside = SET_ASIDE_BOUNDED_LOAD
         util = (capacity - free + c.queue_ahead) / capacity
         evict = c.evict_tokens * per_token
-        est = None if set_aside is not None else wait + load + prefill + kv_penalty + evict
+        est = (None if set_aside is not None
+               else wait + load + prefill + kv_penalty + evict + reload)
         return (c.target_id, est, wait, load, prefill, kv_penalty, util, fallbacks, set_aside,
-                evict)
+                evict, reload)
 
 
 #: What a decision says to people: its reason, its §13 outcome and the guards that acted.
@@ -594,8 +614,9 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                 if load_median < 0:
                     load_median = fleet.load_sec()[0]
                 load = load_median
+            reload = c.reload_sec
         else:
-            load = 0.0
+            load = reload = 0.0
         inflight = c.inflight
         if inflight >= bound and _over_bound(inflight, capacity, bound):
             aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
@@ -640,7 +661,7 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                     distrust = 1.0
                 kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
 
-        est = wait + load + prefill + kv_penalty + c.evict_tokens * per_token
+        est = wait + load + prefill + kv_penalty + c.evict_tokens * per_token + reload
         if est < best:
             best = est
         add_feasible(i)
@@ -869,6 +890,8 @@ def _explain_cost(scored: _Scored) -> Explanation:
     matched = min(c.matched_tokens, scored.fleet.prompt)
     if matched > 0:
         parts.append(f"{_tokens(matched)} cached tok")
+    if c.victims and c.warm is False and not c.loading:
+        parts.append(f"evicts {'+'.join(c.victims)} (reload {_secs(c.reload_sec)})")
     if runner < 0:
         parts.append(f"est {_secs(win_est)}")
     else:
@@ -892,7 +915,7 @@ def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
 
 
 #: The cost terms ``deciding_term`` compares.
-TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict")
+TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict", "reload")
 
 
 def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:

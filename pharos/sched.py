@@ -27,6 +27,14 @@ from pharos.config import DEFAULT_TENANT
 from pharos.engine.signals import Residency
 from pharos.fairq import FairQueue, Shares
 from pharos.hot import UTILIZATION, HotPrefixes
+from pharos.placement import (
+    KEEP_ALIVE_SEC,
+    LoadRates,
+    ModelDemand,
+    Resident,
+    reload_price,
+    victims,
+)
 from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
 from pharos.prefix import (
     BYTES_PER_TOKEN,
@@ -42,7 +50,7 @@ from pharos.prefix import (
 from pharos.retention import RootCaches
 from pharos.state.registry import BackendState, Target, View
 from pharos.state.state import State
-from pharos.state.stats import Sample
+from pharos.state.stats import Sample, load_sample
 
 #: Waiters per instance before a new request gets 429 (spec §8).
 QUEUE_LIMIT = 1000
@@ -108,7 +116,8 @@ def with_match(c: Candidate, matched_tokens: int) -> Candidate:
         prefill_sec_per_token=c.prefill_sec_per_token, load_sec=c.load_sec,
         service_sec=c.service_sec, fits_if_cold=c.fits_if_cold, loading=c.loading,
         inflight=c.inflight, queued_prefill_sec=c.queued_prefill_sec,
-        evict_tokens=c.evict_tokens, kv_free_tokens=c.kv_free_tokens)
+        evict_tokens=c.evict_tokens, kv_free_tokens=c.kv_free_tokens,
+        reload_sec=c.reload_sec, victims=c.victims, load_basis=c.load_basis)
 
 
 class GaugeError(ValueError):
@@ -254,7 +263,9 @@ class Lease:
             self.started = True
             self.sched.unqueue(self)
         if sample is not None:
+            load = load_sample(t.stats, sample)  # before feedback moves the prefill speed
             self.sched.state.feedback(t, sample)
+            self.sched.learn_load(t, load)
             self.sched.learn(self, sample)
         else:
             t.last_release_at = self.sched.state.clock.seconds()
@@ -301,6 +312,11 @@ class Scheduler:
         self.index = index if index is not None else PrefixIndex()
         self.guards = guards or Guards()
         self.hot = HotPrefixes()
+        #: Placement (issue 15): load rates per host, each model's demand, and how long an
+        #: evicted model would have stayed loaded (the horizon of its eviction's price).
+        self.load_rates = LoadRates()
+        self.demand = ModelDemand()
+        self.keep_alive_sec = KEEP_ALIVE_SEC
         self.roots = RootCaches()
         self._root_gens: dict[int, int] = {}  # target -> the generation its roots were sent to
         # A plain dict in LRU order (an OrderedDict of 100k sessions was 17 MB, this is 9).
@@ -490,6 +506,7 @@ class Scheduler:
         """Count the root's demand, note the root in the target's cache and remember the
         session's target. Returns ``RootCaches.sent``'s answer."""
         now = self.state.clock.seconds()
+        self.demand.add(req.model, now)
         ahead = None
         if req.chain:
             root = req.chain.keys[0]
@@ -697,11 +714,69 @@ class Scheduler:
             if evict:
                 cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
                          if c.target_id in evict else c for c in cands]
+        if any(cold.values()):
+            cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
         affinity = None
         if req.session is not None and self.policy.session_affinity:
             affinity = self.sessions.get(req.session)
         decision = pick(RouteReq(req.prompt_tokens, req.seed, affinity), cands, self.policy)
         return Placement(decision, tuple(cands), cold, matches, owners, affinity)
+
+    def learn_load(self, t: Target, load_sec: float | None) -> None:
+        """A measured load (``load_sample``) teaches the host's bytes per second."""
+        if load_sec is not None:
+            self.load_rates.learn(t.backend.url, self.state.view(t).size_bytes, load_sec)
+
+    def _load_estimate(self, t: Target, size: int | None) -> tuple[float | None, str | None]:
+        """The target's load seconds: learned, else from its model's size at its host's
+        learned rate (then the fleet's, then the default: ``LoadRates``), with the
+        estimate's basis; (None, None) when neither is known."""
+        learned = t.stats.load_sec.value
+        if learned is not None:
+            return learned, None
+        est = self.load_rates.estimate(t.backend.url, size)
+        if est is None:
+            return None, None
+        return est[0], f"load_sec=size/{est[1]}"
+
+    def _priced(self, c: Candidate, now: float) -> Candidate:
+        """A cold candidate with its eviction price: the idle models its load would push out
+        of the host's memory (``placement.victims``: none when it fits beside them; unknown
+        without a size or ``memory_gb``, then nothing is priced) and the reloads their recent
+        demand makes likely within the keep-alive horizon (``placement.reload_price``)."""
+        if c.fits_if_cold is False:
+            return c  # set aside: the load waits for a model to go idle
+        t = self.state.targets[c.target_id]
+        memory_gb = t.backend.spec.memory_gb
+        size = self.state.view_at(t, now).size_bytes
+        if memory_gb is None or size is None:
+            return c
+        resident: list[Resident] = []
+        by_model: dict[str, Target] = {}
+        for o in self.state.targets:
+            if o.backend is not t.backend or o is t:
+                continue
+            ov = self.state.view_at(o, now)
+            inflight = o.inflight + (self.peer_inflight(o.id) if self.peers else 0)
+            if ov.residency not in (Residency.LOADED, Residency.LOADING) and not inflight:
+                continue
+            by_model[o.model] = o
+            resident.append(Resident(
+                o.model, ov.vram_bytes or ov.size_bytes or 0,
+                idle=not inflight and ov.residency is Residency.LOADED,
+                last_used=(o.last_release_at if o.last_release_at is not None
+                           else -math.inf)))
+        out = victims(size, memory_gb * 1e9, resident)
+        if not out:
+            return c
+        price = 0.0
+        for r in out:
+            o = by_model[r.model]
+            load = self._load_estimate(o, self.state.view_at(o, now).size_bytes)[0]
+            price += reload_price(self.demand.rate(r.model, now),
+                                  load if load is not None else self.policy.load_sec_default,
+                                  self.keep_alive_sec)
+        return dataclasses.replace(c, reload_sec=price, victims=tuple(r.model for r in out))
 
     def _evicted_since(self, req: SchedRequest, matches: dict[int, Match]) -> set[int]:
         """The targets the index predicts hold the request's root but whose learned retention
@@ -916,6 +991,9 @@ class Scheduler:
         warm = _WARM.get(v.residency)
         loading = v.residency is Residency.LOADING or (
             v.residency is Residency.COLD and t.inflight > 0)
+        load_sec, load_basis = t.stats.load_sec.value, None
+        if load_sec is None and warm is False:  # a cold candidate is never kept: always fresh
+            load_sec, load_basis = self._load_estimate(t, v.size_bytes)
         return Candidate(
             target_id=t.id,
             warm=warm,
@@ -925,13 +1003,14 @@ class Scheduler:
             kv_usage=v.kv_usage,
             matched_tokens=0,
             prefill_sec_per_token=t.stats.prefill_sec_per_token.value,
-            load_sec=t.stats.load_sec.value,
+            load_sec=load_sec,
             service_sec=t.stats.service_sec.value,
             fits_if_cold=self._fits_if_cold(t, v.size_bytes) if warm is False else None,
             loading=loading,
             inflight=inflight,
             queued_prefill_sec=t.queued_prefill,
             kv_free_tokens=self._kv_free(t, v),
+            load_basis=load_basis,
         )
 
     @staticmethod

@@ -54,7 +54,8 @@ class DecisionLog:
         rows = []
         for i, c in enumerate(cands):
             t = targets[c.target_id]
-            tid, est, wait, load, prefill, kv_penalty, util, fallbacks, aside, evict = terms[i]
+            (tid, est, wait, load, prefill, kv_penalty, util, fallbacks, aside, evict,
+             reload) = terms[i]
             rows.append({
                 "backend": t.backend.url, "model": t.model, "warm": c.warm,
                 "capacity": c.capacity, "free_slots": c.free_slots,
@@ -62,6 +63,7 @@ class DecisionLog:
                 "kv_free_tokens": c.kv_free_tokens, "matched_tokens": c.matched_tokens,
                 "evict_tokens": c.evict_tokens, "est_ttft": est, "wait": wait, "load": load,
                 "prefill": prefill, "kv_penalty": kv_penalty, "evict": evict,
+                "reload": reload, "victims": list(c.victims),
                 "utilization": util, "fallbacks": list(fallbacks), "set_aside": aside,
             })
         self.journal.write({

@@ -70,7 +70,7 @@ def learn(stats: TargetStats, s: Sample) -> bool:
     if cold and s.load_sec is not None and s.load_sec < MIN_REAL_LOAD_SEC:
         cold = False
     if cold:
-        load = s.load_sec if s.load_sec is not None else s.ttft_sec
+        load = load_sample(stats, s)
         if load is not None:
             stats.load_sec.add(load)
     elif s.duration_sec is not None:
@@ -86,6 +86,35 @@ def learn(stats: TargetStats, s: Sample) -> bool:
                 # lose traffic, and keep the slow estimate for want of new samples.
                 stats.prefill_sec_per_token.add(seen / uncached)
     return cold
+
+
+def load_sample(stats: TargetStats, s: Sample) -> float | None:
+    """The load time a successful cold dispatch measured, None when it measured none (a warm
+    one, a control request, an engine-reported load under ``MIN_REAL_LOAD_SEC``).
+
+    The engine's own figure when it reports one (Ollama's ``load_duration`` on the native
+    API). Otherwise (``/v1`` reports none) its time to first byte less what else was in it:
+    the prefills the engine computed ahead of it (``prefill_window_sec`` starts at the
+    previous first byte on the target when that came later than the dispatch) and its own
+    prefill (the engine's ``prompt_eval_sec``, else its uncached tokens at the target's
+    learned speed; with neither, nothing is taken off and the load is over-counted by the
+    prefill, never under-counted). At least ``MIN_REAL_LOAD_SEC``: a remainder below it is
+    noise in a load that was paid (the dispatch was cold)."""
+    if not s.ok or s.control or not s.dispatched_cold:
+        return None
+    if s.load_sec is not None:
+        return s.load_sec if s.load_sec >= MIN_REAL_LOAD_SEC else None
+    seen = s.ttft_sec
+    if s.prefill_window_sec is not None:
+        seen = s.prefill_window_sec if seen is None else min(seen, s.prefill_window_sec)
+    if seen is None:
+        return None
+    prefill = s.prompt_eval_sec
+    if prefill is None and s.prompt_tokens is not None:
+        speed = stats.prefill_sec_per_token.value
+        if speed is not None:
+            prefill = max(0, s.prompt_tokens - (s.cached_tokens or 0)) * speed
+    return max(MIN_REAL_LOAD_SEC, seen - (prefill or 0.0))
 
 
 #: The estimates a snapshot carries (spec §12 ``Stats``), by their field names on the wire.

@@ -683,6 +683,8 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "matched_tokens": st.integers(-5, 6000),
     "prefill_sec_per_token": _opt(st.floats(1e-4, 0.05)),
     "inflight": st.integers(0, 8),
+    "victims": st.lists(st.sampled_from(["a", "b"]), max_size=2).map(tuple),
+    "load_basis": _opt(st.sampled_from(["load_sec=size/host", "load_sec=size/default"])),
 }
 BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "int": st.integers(0, 10_000),

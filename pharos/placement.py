@@ -1,0 +1,156 @@
+"""Model placement on multi-model hosts (issue 15): what a load costs and what it evicts.
+
+A cold dispatch on a host whose memory is full evicts idle models, and the next requests
+for them pay a reload. The scheduler prices that (``Candidate.reload_sec``) from three
+things kept here:
+
+* ``LoadRates``: load times before a model's first load sample, from its size at the bytes
+  per second loads took on that host, else the median over hosts, else
+  ``LOAD_BYTES_PER_SEC_DEFAULT``;
+* ``ModelDemand``: each model's requests per second, a decaying count;
+* ``victims`` and ``reload_price``: which idle models a load pushes out (least recently used
+  first, as Ollama and the simulated engines unload) and what their next requests pay.
+
+Pure: no clock (times are passed in), no I/O, bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+#: Bytes per second a load reads when no host has measured one: 500 MB/s, a 4 GB model in
+#: 8 s (assumed [U]: NVMe to GPU memory measures 1-3 GB/s, a SATA disk or a cold page cache
+#: far less; the flat 10 s default it replaces matched a 5 GB model at this rate).
+LOAD_BYTES_PER_SEC_DEFAULT: Final = 500e6
+#: Weight of a new load-rate sample (loads are rare: a few count).
+RATE_ALPHA: Final = 0.3
+#: How long an evicted model would have stayed loaded without the eviction: Ollama's default
+#: ``OLLAMA_KEEP_ALIVE`` (5 minutes). A request for it later than this would have found it
+#: unloaded anyway, so only demand within it is priced.
+KEEP_ALIVE_SEC: Final = 300.0
+#: Seconds over which a model's demand decays to a half (assumed: long enough to see a tail
+#: model's rate of a request a minute, short enough to follow a shift within minutes).
+DEMAND_HALF_LIFE_SEC: Final = 60.0
+#: Models (and hosts) tracked at once; the least recently seen go first.
+CAPACITY: Final = 4096
+
+_LN2: Final = math.log(2)
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+class LoadRates:
+    """Bytes per second of model loads, an EWMA per host (its URL)."""
+
+    def __init__(self, default: float = LOAD_BYTES_PER_SEC_DEFAULT) -> None:
+        if not default > 0:
+            raise ValueError("default load rate must be > 0")
+        self.default = default
+        self._hosts: OrderedDict[str, float] = OrderedDict()
+
+    def learn(self, host: str, size_bytes: int | None, load_sec: float | None) -> None:
+        """A load of a model of ``size_bytes`` took ``load_sec`` on ``host`` (unknown size
+        or time: nothing learned)."""
+        if size_bytes is None or size_bytes <= 0 or load_sec is None or not load_sec > 0:
+            return
+        rate = size_bytes / load_sec
+        old = self._hosts.pop(host, None)
+        self._hosts[host] = rate if old is None else old + RATE_ALPHA * (rate - old)
+        while len(self._hosts) > CAPACITY:
+            self._hosts.popitem(last=False)
+
+    def rate(self, host: str) -> tuple[float, str]:
+        """The host's bytes per second and where it came from: ``host``, ``fleet`` (the
+        median over hosts that measured one) or ``default``."""
+        own = self._hosts.get(host)
+        if own is not None:
+            return own, "host"
+        if self._hosts:
+            return _median(list(self._hosts.values())), "fleet"
+        return self.default, "default"
+
+    def estimate(self, host: str, size_bytes: int | None) -> tuple[float, str] | None:
+        """Seconds to load a model of ``size_bytes`` on ``host``, and the rate's source;
+        None for an unknown size (the policy's fleet median applies)."""
+        if size_bytes is None or size_bytes <= 0:
+            return None
+        rate, source = self.rate(host)
+        return size_bytes / rate, source
+
+
+class ModelDemand:
+    """A decaying count of requests per model: ``rate`` is about its requests per second."""
+
+    def __init__(self, half_life: float = DEMAND_HALF_LIFE_SEC, capacity: int = CAPACITY
+                 ) -> None:
+        if half_life <= 0 or capacity < 1:
+            raise ValueError("half_life > 0 and capacity >= 1")
+        self._tau = half_life / _LN2
+        self.capacity = capacity
+        self._models: OrderedDict[str, tuple[float, float]] = OrderedDict()  # value, at
+
+    def add(self, model: str, now: float) -> None:
+        """A request for ``model`` was dispatched."""
+        value = self._decayed(model, now) + 1.0
+        self._models.pop(model, None)
+        self._models[model] = (value, now)
+        while len(self._models) > self.capacity:
+            self._models.popitem(last=False)
+
+    def rate(self, model: str, now: float) -> float:
+        """Requests per second for ``model`` over the recent past."""
+        return self._decayed(model, now) / self._tau
+
+    def _decayed(self, model: str, now: float) -> float:
+        entry = self._models.get(model)
+        if entry is None:
+            return 0.0
+        value, at = entry
+        return value if now <= at else value * math.exp(-(now - at) / self._tau)
+
+
+def reload_price(rate: float, load_sec: float, horizon: float = KEEP_ALIVE_SEC) -> float:
+    """Seconds of waiting an eviction costs the evicted model's next requests: its first
+    request within ``horizon`` (probability ``1 - exp(-rate × horizon)``) pays the whole
+    reload, and the ``rate × load_sec`` requests arriving during the reload wait half of it
+    on average. A model nobody asked for lately costs nothing to evict; a popular one costs
+    more than one load."""
+    if rate <= 0 or load_sec <= 0:
+        return 0.0
+    return load_sec * (1.0 - math.exp(-rate * horizon)) + rate * load_sec * load_sec / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A model loaded on the host a cold load would go to."""
+
+    model: str
+    bytes: int  # its memory (VRAM when reported, else its size; 0: unknown)
+    idle: bool  # no request in flight: the engine may unload it
+    last_used: float  # when a request for it last ended (-inf: never seen)
+
+
+def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident]
+            ) -> list[Resident] | None:
+    """The idle models a load of ``size_bytes`` pushes out of ``memory_bytes``: none when
+    it fits beside the loaded ones, else the least recently used idle ones until it
+    fits (how Ollama and ``pharos.sim`` choose); None when even all idle ones are not
+    enough (the load waits: the policy sets it aside as not fitting)."""
+    free = memory_bytes - sum(r.bytes for r in resident)
+    if size_bytes <= free:
+        return []
+    out: list[Resident] = []
+    for r in sorted((r for r in resident if r.idle), key=lambda r: r.last_used):
+        out.append(r)
+        free += r.bytes
+        if size_bytes <= free:
+            return out
+    return None
