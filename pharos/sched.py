@@ -32,6 +32,7 @@ from pharos.placement import (
     LoadRates,
     ModelDemand,
     Resident,
+    horizon,
     reload_price,
     victims,
 )
@@ -743,7 +744,8 @@ class Scheduler:
         """A cold candidate with its eviction price: the idle models its load would push out
         of the host's memory (``placement.victims``: none when it fits beside them; unknown
         without a size or ``memory_gb``, then nothing is priced) and the reloads their recent
-        demand makes likely within the keep-alive horizon (``placement.reload_price``)."""
+        demand makes likely within the keep-alive horizon (``placement.reload_price``,
+        ``placement.horizon``)."""
         if c.fits_if_cold is False:
             return c  # set aside: the load waits for a model to go idle
         t = self.state.targets[c.target_id]
@@ -775,7 +777,7 @@ class Scheduler:
             load = self._load_estimate(o, self.state.view_at(o, now).size_bytes)[0]
             price += reload_price(self.demand.rate(r.model, now),
                                   load if load is not None else self.policy.load_sec_default,
-                                  self.keep_alive_sec)
+                                  horizon(self.keep_alive_sec))
         return dataclasses.replace(c, reload_sec=price, victims=tuple(r.model for r in out))
 
     def _evicted_since(self, req: SchedRequest, matches: dict[int, Match]) -> set[int]:

@@ -15,6 +15,7 @@ from pharos.placement import (
     LoadRates,
     ModelDemand,
     Resident,
+    horizon,
     reload_price,
     victims,
 )
@@ -127,6 +128,7 @@ def test_reload_price_grows_with_the_victims_demand() -> None:
     assert 0 < tail < 3.0 * (1 - math.exp(-0.3)) + 0.01
     assert popular == pytest.approx(3.0 + 0.5 * 9 / 2, rel=1e-6)
     assert reload_price(0.01, 3.0, horizon=30.0) < reload_price(0.01, 3.0, horizon=300.0)
+    assert horizon(300.0) == 60.0 and horizon(20.0) == 20.0  # capped at the half-life
 
 
 def test_demand_decays_with_its_half_life() -> None:

@@ -1,0 +1,71 @@
+"""Layer 3: placement over loopback (issue 15). Three simulated Ollama hosts that each hold one
+model at a time, a popular model loaded on two of them, and tail models asked for one after
+another: each tail load evicts the previous tail model (idle, little demand), never the popular
+one, and the decision's reason names the victim and its price."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import pytest_twisted
+from twisted.internet.defer import ensureDeferred, gatherResults
+
+from pharos.engine.signals import Residency
+from pharos.sim.double import EngineDouble
+from tests.component.fleet import Fleet, eventually, start_fleet, within
+
+GB = 1_000_000_000
+TAILS = ("t1", "t2", "t3", "t4", "t5")
+SIZES = {"pop": 4 * GB, **dict.fromkeys(TAILS, 4 * GB)}
+#: Each host holds one 4 GB model (5 GB of memory, as Pharos is told and the double enforces).
+HOST = {"models": SIZES, "host_memory": 5 * GB, "load_s": 0.5, "slots": 2}
+BACKEND = {"kind": "ollama", "memory_gb": 5, "capacity": 2}
+
+
+def loaded(double: EngineDouble) -> set[str]:
+    return {m.name for m in double.model.status().models if m.state == "loaded"}
+
+
+def seen_loaded(fleet: Fleet, double: EngineDouble, model: str) -> bool:
+    """Pharos's view says ``model`` is loaded on ``double`` (a round has seen it)."""
+    t = fleet.target(double, model)
+    return bool(fleet.pharos.state.view(t).residency is Residency.LOADED)
+
+
+async def ok(fleet: Fleet, model: str) -> Any:
+    r = await within(ensureDeferred(fleet.chat(model)))
+    await r.content()
+    assert r.code == 200, model
+    return r
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_tail_evicts_the_idle_tail_never_the_popular_model() -> None:
+    """With an idle tail model to evict, no tail load evicts the popular model, whatever the
+    seeds breaking ties: the popular model's reload is priced above the tail's."""
+    fleet = await start_fleet([
+        ("ollama", {**HOST, "loaded": ["pop"]}, BACKEND),
+        ("ollama", {**HOST, "loaded": ["pop"]}, BACKEND),
+        ("ollama", {**HOST, "loaded": ["t1"]}, BACKEND),
+    ])
+    pop_hosts, tail_host = fleet.doubles[:2], fleet.doubles[2]
+    try:
+        await eventually(lambda: all(seen_loaded(fleet, d, "pop") for d in pop_hosts)
+                         and seen_loaded(fleet, tail_host, "t1"), timeout=10)
+        for _ in range(6):  # the popular model's demand
+            await gatherResults([ensureDeferred(ok(fleet, "pop")) for _ in range(4)])
+        await ok(fleet, "t1")
+        for previous, tail in pairwise(TAILS):
+            await eventually(lambda p=previous: seen_loaded(fleet, tail_host, p), timeout=10)
+            await ok(fleet, "pop")
+            r = await ok(fleet, tail)
+            assert r.headers.getRawHeaders(b"x-pharos-backend") == [tail_host.url.encode()]
+            reason = r.headers.getRawHeaders(b"x-pharos-reason")[0].decode()
+            assert f"evicts {previous} (reload" in reason, reason
+            for d in pop_hosts:
+                assert loaded(d) == {"pop"}, (tail, loaded(d))
+            assert loaded(tail_host) == {tail}
+        assert all(d.stats.completed > 0 for d in pop_hosts)
+    finally:
+        await fleet.stop()
