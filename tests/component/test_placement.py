@@ -5,6 +5,7 @@ one, and the decision's reason names the victim and its price."""
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 from typing import Any
 
@@ -67,5 +68,20 @@ async def test_the_tail_evicts_the_idle_tail_never_the_popular_model() -> None:
                 assert loaded(d) == {"pop"}, (tail, loaded(d))
             assert loaded(tail_host) == {tail}
         assert all(d.stats.completed > 0 for d in pop_hosts)
+        # /admin/explain shows each cold candidate's victims and their price.
+        await eventually(lambda: seen_loaded(fleet, tail_host, TAILS[-1]), timeout=10)
+        r = await fleet.post("/admin/explain/v1/chat/completions",
+                             {"model": "t1", "messages": [{"role": "user", "content": "hi"}]})
+        doc = json.loads(await r.content())
+        assert r.code == 200, doc
+        by_backend = {c["backend"]: c for c in doc["candidates"]}
+        tail_c = by_backend[tail_host.url]
+        assert tail_c["evicts_models"] == [TAILS[-1]]
+        for d in pop_hosts:
+            pop_c = by_backend[d.url]
+            assert pop_c["evicts_models"] == ["pop"]
+            assert pop_c["reload_price_sec"] > tail_c["reload_price_sec"] > 0
+            assert pop_c["estimate"]["reload_sec"] == pop_c["reload_price_sec"]
+        assert doc["winner"].startswith(tail_host.url)
     finally:
         await fleet.stop()
