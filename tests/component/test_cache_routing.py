@@ -94,7 +94,8 @@ async def test_explain_changes_nothing() -> None:
         assert by_backend[served]["prediction_source"] == "local"
         for c in doc["candidates"]:
             assert set(c["estimate"]) == {"wait_sec", "load_sec", "prefill_sec",
-                                          "kv_penalty_sec", "evict_sec", "ttft_sec"}
+                                          "kv_penalty_sec", "evict_sec", "reload_sec",
+                                          "ttft_sec"}
             assert c["evicts_tokens"] == 0  # no retention learned yet: nothing priced
             assert c["retained_root_tokens"] is None
             assert "running" in c["signals"] and c["set_aside"] is None
