@@ -5,5 +5,7 @@ workload at its scheduled times, ``compare`` runs every policy on fresh simulate
 One job per module: ``records`` (what one request measured), ``stream`` (reading one streamed
 reply), ``summary`` (the statistics of a run), ``openloop`` (sending on schedule),
 ``result`` (the result file), ``progress`` (the terminal line), ``processes`` (child processes
-and their readiness), ``run``, ``compare`` and ``report`` (the three subcommands).
+and their readiness), ``fleet`` (the engines and Pharos instances of one run), ``restarts``
+(several instances, restarting one mid-run, the load balancer's health checks), ``run``,
+``compare`` and ``report`` (the three subcommands).
 """
