@@ -1,6 +1,6 @@
 """The tables of this directory's README from its result files alone.
 
-Usage: python3 summarize.py RESULTS_DIR   (RESULTS_DIR/<variant>/w1/6/cost-seed<N>.json)
+Usage: python3 summarize_peers.py RESULTS_DIR   (RESULTS_DIR/<variant>/w1/6/cost-seed<N>.json)
 
 Misses: counted requests with fewer than 1,600 of their 2,000-token system prompt cached
 (as in ../w1-2026-12-02b/). "predicted" misses are those Pharos routed expecting a cached
