@@ -17,11 +17,22 @@ retention prices nothing (``None``, never a guess).
 
 Pure: no clock (times are passed in), bounded (``ROOTS_PER_TARGET`` roots a target,
 ``LIVE_ROOTS`` roots' last use).
+
+Replicated (spec §12, an optional ``roots`` part of the snapshot): a restarted instance that
+restored prefix entries without this picture cannot tell a stale entry from a live one and
+pays a miss for each (contrib/bench/peers-2026-12-02). ``export`` names targets by key and
+gives each root its last send time there; ``merge`` keeps, per target and root, the latest
+send (the LRU order is the order of those times), and the retention learned last (a tie:
+the larger). Both are maxima, so merging is idempotent and any order of merges gives the
+same picture; a root sent before this instance saw the target's cache start empty
+(``forget``) is not taken back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Final
 
 #: Roots remembered per target (the least recently used go first).
@@ -34,6 +45,59 @@ LIVE_ROOTS: Final = 4096
 #: A reply whose cached tokens cover this share of the root's estimate held the root (the
 #: estimate is bytes / 4, the engine counts its own tokens and whole blocks).
 HELD_SHARE: Final = 0.8
+#: Roots per exported row (a target's roots span several rows; ``merge`` takes them in any
+#: order): about 6 KB of JSON.
+ROW_ROOTS: Final = 128
+_U64: Final = 2**64
+
+
+@dataclass(frozen=True)
+class RootsRow:
+    """Part of one target's picture as peers and the state file carry it: its retention,
+    when that was learned (None: unknown), and roots as (hash, tokens, last sent there)."""
+
+    target: str
+    retained: int | None
+    learned_at: float | None
+    roots: tuple[tuple[int, int, float], ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"target": self.target, "retained": self.retained,
+                "learned_at": self.learned_at, "roots": [list(r) for r in self.roots]}
+
+
+def _finite(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def parse_roots_row(raw: object) -> RootsRow:
+    """A row off the wire, checked (unknown fields and trailing list items ignored); a
+    ValueError names what is wrong."""
+    if not isinstance(raw, dict):
+        raise ValueError("expected an object")
+    target, retained, learned_at = raw.get("target"), raw.get("retained"), raw.get("learned_at")
+    if not isinstance(target, str):
+        raise ValueError("target must be a string")
+    if retained is not None and not _count(retained):
+        raise ValueError("retained must be a non-negative integer or null")
+    if learned_at is not None and not _finite(learned_at):
+        raise ValueError("learned_at must be a number or null")
+    roots = raw.get("roots", [])
+    if not isinstance(roots, list):
+        raise ValueError("roots must be a list")
+    out: list[tuple[int, int, float]] = []
+    for r in roots:
+        if (not isinstance(r, list) or len(r) < 3 or not _count(r[0]) or r[0] >= _U64
+                or not _count(r[1]) or not _finite(r[2])):
+            raise ValueError("a root must be [64-bit hash, tokens, last sent]")
+        out.append((r[0], r[1], float(r[2])))
+    return RootsRow(target, retained,
+                    None if learned_at is None else float(learned_at), tuple(out))
 
 
 class RootCaches:
@@ -46,6 +110,9 @@ class RootCaches:
         #: target -> root tokens it was seen to retain; absent: unknown.
         self.retained: dict[int, int] = {}
         self._last_use: dict[int, float] = {}
+        self._sent_at: dict[int, dict[int, float]] = {}  # target -> {root: last sent there}
+        self._learned_at: dict[int, float] = {}  # target -> when ``retained`` was learned
+        self._forgot_at: dict[int, float] = {}  # target -> when its cache started empty
 
     def held(self, target: int) -> dict[int, int]:
         """The target's roots, least recently used first (a live view: do not change it)."""
@@ -66,9 +133,16 @@ class RootCaches:
                 elif r == root:
                     passed = True
             del held[root]
+        at = self._sent_at.setdefault(target, {})
+        # Send times strictly increase per target, so their order is the LRU order even when
+        # the clock stands still or goes back (what ``merge`` rebuilds the order from).
+        newest = at.get(next(reversed(held)), -math.inf) if held else -math.inf
+        at[root] = now if now > newest else math.nextafter(newest, math.inf)
         held[root] = tokens
         while len(held) > self.roots_per_target:
-            del held[next(iter(held))]
+            oldest = next(iter(held))
+            del held[oldest]
+            at.pop(oldest, None)
         self._last_use.pop(root, None)
         self._last_use[root] = now
         while len(self._last_use) > LIVE_ROOTS:
@@ -84,19 +158,27 @@ class RootCaches:
                 return n
         return None
 
-    def learn(self, target: int, tokens: int, ahead: int | None, cached: int | None) -> None:
+    def learn(self, target: int, tokens: int, ahead: int | None, cached: int | None,
+              now: float | None = None) -> None:
         """A reply's cached tokens for a root that was held with ``ahead`` tokens of other
         roots used since: the cache retains at least ``ahead + tokens`` when it held the
-        root, fewer when it did not."""
+        root, fewer when it did not. ``now``: when (what ``merge`` orders retentions by)."""
         if ahead is None or cached is None or tokens <= 0:
             return
         seen = ahead + tokens
         known = self.retained.get(target)
         if cached >= tokens * HELD_SHARE:
             if known is None or seen > known:
-                self.retained[target] = seen
+                self._set_retained(target, seen, now)
         elif known is None or seen <= known:
-            self.retained[target] = max(tokens, seen - 1)
+            self._set_retained(target, max(tokens, seen - 1), now)
+
+    def _set_retained(self, target: int, tokens: int, at: float | None) -> None:
+        self.retained[target] = tokens
+        if at is None:
+            self._learned_at.pop(target, None)
+        else:
+            self._learned_at[target] = at
 
     def resident(self, target: int) -> list[tuple[int, int]]:
         """The roots the target's cache holds by the learned retention, newest first (every
@@ -156,7 +238,72 @@ class RootCaches:
                    if root in self._held.get(t, ()) and any(r == root for r, _ in
                                                            self.resident(t)))
 
-    def forget(self, target: int) -> None:
+    def forget(self, target: int, now: float | None = None) -> None:
         """The target's cache is gone (a restart, a new generation): nothing held, retention
-        kept (the engine is the same size)."""
+        kept (the engine is the same size). ``now``: when, so ``merge`` does not take back
+        roots sent there before."""
         self._held.pop(target, None)
+        self._sent_at.pop(target, None)
+        if now is not None:
+            self._forgot_at[target] = now
+
+    # --- replication (spec §12) ---------------------------------------------------------------
+
+    def export(self, key_of: Callable[[int], str | None]) -> list[RootsRow]:
+        """Every target's picture (those ``key_of`` names), ``ROW_ROOTS`` roots a row, least
+        recently sent first; a copy, so a caller may yield between rows."""
+        rows: list[RootsRow] = []
+        for target in sorted(set(self._held) | set(self.retained)):
+            key = key_of(target)
+            if key is None:
+                continue
+            retained, learned_at = self.retained.get(target), self._learned_at.get(target)
+            at = self._sent_at.get(target, {})
+            roots = [(r, n, at.get(r, -math.inf)) for r, n in self.held(target).items()]
+            roots = [r for r in roots if math.isfinite(r[2])]
+            for i in range(0, max(len(roots), 1), ROW_ROOTS):
+                rows.append(RootsRow(key, retained, learned_at, tuple(roots[i:i + ROW_ROOTS])))
+        return rows
+
+    def merge(self, rows: Iterable[RootsRow],
+              id_of: Callable[[str], int | None]) -> tuple[int, int]:
+        """Merge exported rows (see the module docstring); returns (roots that changed
+        something here, roots of targets not known here: dropped)."""
+        changed = dropped = 0
+        for row in rows:
+            target = id_of(row.target)
+            if target is None:
+                dropped += len(row.roots)
+                continue
+            if row.retained is not None:
+                theirs = (-math.inf if row.learned_at is None else row.learned_at, row.retained)
+                known = self.retained.get(target)
+                ours = (self._learned_at.get(target, -math.inf), known or 0)
+                if known is None or theirs > ours:
+                    self._set_retained(target, row.retained, row.learned_at)
+            changed += self._merge_roots(target, row.roots)
+        return changed, dropped
+
+    def _merge_roots(self, target: int, roots: Iterable[tuple[int, int, float]]) -> int:
+        floor = self._forgot_at.get(target, -math.inf)
+        held = self._held.get(target, {})
+        at = self._sent_at.get(target, {})
+        pic = {r: (at.get(r, -math.inf), n) for r, n in held.items()}
+        changed = 0
+        for r, n, when in roots:
+            if when <= floor:
+                continue
+            if r not in pic or (when, n) > pic[r]:
+                pic[r] = (when, n)
+                changed += 1
+                if when > self._last_use.get(r, -math.inf):
+                    self._last_use.pop(r, None)
+                    self._last_use[r] = when
+        if not changed:
+            return 0
+        while len(self._last_use) > LIVE_ROOTS:
+            del self._last_use[next(iter(self._last_use))]
+        order = sorted(pic.items(), key=lambda kv: (kv[1][0], kv[0]))[-self.roots_per_target:]
+        self._held[target] = {r: n for r, (_, n) in order}
+        self._sent_at[target] = {r: when for r, (when, _) in order}
+        return changed

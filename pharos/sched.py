@@ -514,9 +514,7 @@ class Scheduler:
             if self.guards.hot_prefix_utilization is not None:
                 service = target.stats.service_sec.value or self.policy.service_sec_default
                 self.hot.add(root, service, now)
-            if self._root_gens.get(target.id) != target.gen:
-                self.roots.forget(target.id)  # a new engine process: its cache started empty
-                self._root_gens[target.id] = target.gen
+            self._roots_gen(target.id, target.gen, now)
             ahead = self.roots.sent(target.id, root, req.chain.ends[0] // BYTES_PER_TOKEN, now)
         if req.session is not None and self.policy.session_affinity:
             self.sessions.pop(req.session, None)
@@ -557,7 +555,7 @@ class Scheduler:
         if sample.control:
             return
         self.roots.learn(t.id, chain.ends[0] // BYTES_PER_TOKEN, lease.root_ahead,
-                         sample.cached_tokens)
+                         sample.cached_tokens, now)
         predicted = lease.predicted_tokens or None
         outcome = classify(predicted, sample.cached_tokens)
         lease.prefix = outcome
@@ -634,11 +632,19 @@ class Scheduler:
             tokens = self.roots.tokens_of(op.hashes[0])
             if tid is None or gen is None or tokens is None:
                 continue
-            if self._root_gens.get(tid) != gen:
-                self.roots.forget(tid)  # a new engine process: its cache started empty
-                self._root_gens[tid] = gen
+            self._roots_gen(tid, gen, now)
             self.roots.sent(tid, op.hashes[0], tokens, now)
         return dropped
+
+    def _roots_gen(self, tid: int, gen: int, now: float) -> None:
+        """A new engine process (another generation): its cache started empty. The first
+        generation seen is taken as the one ``roots`` describes (restored from a snapshot,
+        spec §12, as the prefix index's restored slots are)."""
+        seen = self._root_gens.get(tid)
+        if seen != gen:
+            if seen is not None:
+                self.roots.forget(tid, now)
+            self._root_gens[tid] = gen
 
     def _refresh_peers(self) -> None:
         """Re-sum the live peers' gauges when one went stale, a report arrived, a target

@@ -156,7 +156,7 @@ class PharosService(MultiService):
         self.restore_sources: list[Callable[[], Deferred[None]]] = []
         self.on_leaving: list[Callable[[], Deferred[None]]] = []
         #: The replicated modules snapshots are taken from and merged into (spec §12).
-        self.replicas = Replicas(self.state, self.sched.index, self.ledger)
+        self.replicas = Replicas(self.state, self.sched.index, self.ledger, self.sched.roots)
         # Readiness and drain (§9): /healthz is 503 until the restore sources ran and from
         # the first moment of a drain; the public requests are tracked for the drain.
         self._reactor = reactor

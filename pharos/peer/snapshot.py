@@ -7,11 +7,15 @@ the default caps full is 31 MB of JSON: one ``json.loads`` of it holds the GIL f
     {"stats": [{"target": key, "prefill_sec_per_token": x, "load_sec": y, "service_sec": z}]}
     {"cells": [{...Ledger.export row...}, ...]}                              Day cells, any origin
     {"prefix": [[link_hash, [[target_key, last_used], ...]], ...]}
+    {"roots": [{"target": key, "retained": n, "learned_at": t, "roots": [[hash, tokens, t]]}]}
 
 A part line holds at most ``PART_ITEMS`` items (a few tens of KB). Prefix parts come least
 recently used part first, each part's entries most recent first (as ``PrefixIndex.merge``
 takes them), so a reader that merges each part as it arrives rebuilds the writer's LRU
 order; the snapshot's prefix entries, most recent first, are the parts read backwards.
+The ``roots`` part (each engine's root LRU and learned retention, ``RootCaches``) is
+optional: it came after the first proto-1 writers, which ignore it as an unknown kind, and a
+snapshot without it restores as before (an empty picture).
 Readers take parts in any order and any number; unknown fields, part kinds and trailing
 list items are ignored so mixed versions interoperate; ``PROTO`` is bumped only for a
 breaking change, and a newer one is refused. (A small snapshot of the first proto-1 writers,
@@ -19,7 +23,8 @@ one JSON object on one line, is a header carrying all three parts: it still read
 
 Prompt text never appears: a prefix entry is a 64-bit link hash and the targets that held it.
 Each replicated module owns its export and merge (``PrefixIndex.iter_export``/``merge``,
-``Ledger.iter_export``/``merge``, ``State.export_stats``/``merge_stats``); this module only
+``Ledger.iter_export``/``merge``, ``State.export_stats``/``merge_stats``,
+``RootCaches.export``/``merge``); this module only
 turns them into bytes and back, in steps on the injected clock (``build``,
 ``restore_bytes``), so a serving instance merging a peer's snapshot keeps serving.
 
@@ -27,7 +32,8 @@ A bad stream raises ``SnapshotError``. ``restore_bytes`` first inflates the whol
 without parsing it (a fraction of the parse's cost), so a truncated or corrupt gzip stream
 (its CRC) merges nothing; a stream that is whole gzip but wrong inside (a bad line) has the
 parts before that line merged. That is safe: every merge is idempotent and max-based (prefix
-slots by ``last_used``, cells field-wise max, stats only where no local sample), so a partial
+slots by ``last_used``, cells field-wise max, stats only where no local sample, roots by last
+send and retention by when learned), so a partial
 merge is a subset of a valid snapshot's effect, and merging the whole one later completes it.
 """
 
@@ -45,6 +51,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Cooperator
 
 from pharos.prefix import Entry, PrefixIndex, Source, WireSlot
+from pharos.retention import RootCaches, RootsRow, parse_roots_row
 from pharos.state.state import State
 from pharos.state.stats import parse_stats
 from pharos.usage import Ledger, parse_cell
@@ -71,7 +78,9 @@ _U64: Final = 2**64
 #: slice within one ``Clock.advance``).
 TURN: Final = 1e-6
 #: The part kinds this release reads.
-PARTS: Final = ("prefix", "cells", "stats")
+PARTS: Final = ("prefix", "cells", "stats", "roots")
+#: ``RootsRow``s per ``roots`` line (each up to ``retention.ROW_ROOTS`` roots: about 50 KB).
+ROOT_ROWS: Final = 8
 
 
 @dataclass
@@ -85,18 +94,22 @@ class Restored:
     cells_unchanged: int = 0  # already known, or past retention
     stats_taken: int = 0
     stats_pending: int = 0  # rows for targets not seen yet, taken when they appear
+    roots_merged: int = 0  # roots that changed the picture here
+    roots_dropped: int = 0  # roots of targets not seen here, or no picture kept here
     origin: str | None = None
     taken_at: float | None = None
 
     @property
     def merged_any(self) -> bool:
         return bool(self.prefix_merged or self.prefix_dropped or self.cells_changed
-                    or self.cells_unchanged or self.stats_taken or self.stats_pending)
+                    or self.cells_unchanged or self.stats_taken or self.stats_pending
+                    or self.roots_merged or self.roots_dropped)
 
     def __str__(self) -> str:
         return (f"prefix {self.prefix_merged} merged, {self.prefix_dropped} dropped; "
                 f"cells {self.cells_changed} changed, {self.cells_unchanged} unchanged; "
-                f"stats {self.stats_taken} taken, {self.stats_pending} pending")
+                f"stats {self.stats_taken} taken, {self.stats_pending} pending; "
+                f"roots {self.roots_merged} merged, {self.roots_dropped} dropped")
 
 
 class SnapshotError(ValueError):
@@ -110,11 +123,13 @@ class SnapshotError(ValueError):
 
 @dataclass
 class Replicas:
-    """The replicated modules a snapshot is taken from and merged into."""
+    """The replicated modules a snapshot is taken from and merged into (``roots``: the
+    scheduler's picture of each engine's root cache; None: not carried)."""
 
     state: State
     index: PrefixIndex
     ledger: Ledger
+    roots: RootCaches | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,7 @@ class Snapshot:
     prefix: tuple[Entry, ...] = ()
     cells: tuple[Mapping[str, object], ...] = ()
     stats: tuple[Mapping[str, object], ...] = ()
+    roots: tuple[RootsRow, ...] = ()
 
 
 # --- build ------------------------------------------------------------------------------------
@@ -167,12 +183,16 @@ def _build_steps(replicas: Replicas, taken_at: float, out: list[bytes]) -> Itera
             yield None
     assert copy is not None
     line({"stats": state.export_stats()})
-    for rows in _batches(ledger.iter_export(minutes=False)):
-        line({"cells": rows})
-        yield None
     # Targets are only ever added, so names and gens read now cover every slot of the copy.
     keys = {t.id: t.key for t in state.targets}
     gens = {t.id: t.gen for t in state.targets}
+    if replicas.roots is not None:
+        for rows in _batches(iter(replicas.roots.export(keys.get)), ROOT_ROWS):
+            line({"roots": [row.to_json() for row in rows]})
+            yield None
+    for rows in _batches(ledger.iter_export(minutes=False)):
+        line({"cells": rows})
+        yield None
     for batch in _batches(copy.iter_export(keys.get, gens, newest_first=False)):
         line({"prefix": [[e.key, [[s.target_key, s.last_used] for s in e.slots]]
                          for e in reversed(batch)]})
@@ -180,8 +200,7 @@ def _build_steps(replicas: Replicas, taken_at: float, out: list[bytes]) -> Itera
     out.append(gz.flush())
 
 
-def _batches(items: Iterator[Any]) -> Iterator[list[Any]]:
-    size = PART_ITEMS
+def _batches(items: Iterator[Any], size: int = PART_ITEMS) -> Iterator[list[Any]]:
     batch: list[Any] = []
     for item in items:
         batch.append(item)
@@ -327,6 +346,14 @@ def _part(doc: Mapping[str, object], kind: str, first: int) -> list[Any]:
         raise SnapshotError(f"{kind} must be a list, not {type(items).__name__}")
     if kind == "prefix":
         return [_entry(e, first + i) for i, e in enumerate(items)]
+    if kind == "roots":
+        rows: list[RootsRow] = []
+        for i, item in enumerate(items, first):
+            try:
+                rows.append(parse_roots_row(item))
+            except ValueError as e:
+                raise SnapshotError(f"roots[{i}]: {e}") from None
+        return rows
     for i, item in enumerate(items, first):
         if kind == "cells":
             if not isinstance(item, dict):
@@ -365,7 +392,7 @@ def decode(data: bytes) -> Snapshot:
     assert header is not None
     prefix = tuple(e for part in reversed(prefix_parts) for e in part)
     return Snapshot(header.proto, header.origin, header.taken_at, prefix,
-                    tuple(parts["cells"]), tuple(parts["stats"]))
+                    tuple(parts["cells"]), tuple(parts["stats"]), tuple(parts["roots"]))
 
 
 def _finite(value: object) -> bool:
@@ -403,6 +430,7 @@ def restore(replicas: Replicas, snap: Snapshot, now: float,
     _merge(replicas, "prefix", snap.prefix, now, source, done)
     _merge(replicas, "cells", snap.cells, now, source, done)
     _merge(replicas, "stats", snap.stats, now, source, done)
+    _merge(replicas, "roots", snap.roots, now, source, done)
     return done
 
 
@@ -460,3 +488,11 @@ def _merge(replicas: Replicas, kind: str, items: Any, now: float, source: Source
         taken, pending = state.merge_stats(items)
         done.stats_taken += taken
         done.stats_pending += pending
+    elif kind == "roots":
+        if replicas.roots is None:
+            done.roots_dropped += sum(len(row.roots) for row in items)
+            return
+        ids = {t.key: t.id for t in state.targets}
+        merged, dropped = replicas.roots.merge(items, ids.get)
+        done.roots_merged += merged
+        done.roots_dropped += dropped

@@ -1,11 +1,14 @@
 """Layer 1: a peer's prefix records count in this instance's picture of each engine's cache
 (``Scheduler.merge_prefix`` → ``RootCaches``): behind several instances each engine takes
-every instance's prompts, so what it still holds depends on all of them."""
+every instance's prompts, so what it still holds depends on all of them. And that picture
+travels in snapshots, so a restarted instance tells stale predictions from live ones."""
 
 from __future__ import annotations
 
+from pharos.peer.snapshot import Replicas, build_now, decode, restore
 from pharos.prefix import PrefixOp
 from pharos.sched import SchedRequest, Scheduler
+from pharos.usage import Ledger
 from tests.unit.test_cache_routing import chat, ok
 from tests.unit.test_eviction_pricing import on, root_tokens, system, three
 
@@ -39,3 +42,36 @@ def test_peer_records_push_a_root_out_of_the_engine_they_went_to() -> None:
                                      clock.seconds())], clock.seconds())
     assert list(sched.roots.held(0).values())[-2:] == [root_tokens(2), root_tokens(3)]
     assert matched(sched, again, 0) == 0
+
+
+def replicas(sched: Scheduler, roots: bool = True) -> Replicas:
+    ledger = Ledger(sched.state.clock, origin="o", timezone="UTC")
+    return Replicas(sched.state, sched.index, ledger, sched.roots if roots else None)
+
+
+def test_a_restarted_instance_restores_the_roots_and_drops_stale_predictions() -> None:
+    """An instance restarted from a snapshot (a peer's or its state file) with the roots
+    part knows that target 0 pushed root 1 out (two roots sent since, retention two roots)
+    and does not predict it there, as the instance it came from does not; without the part
+    it would. Its first sends keep the restored picture (the engine is the one the picture
+    describes): root 3 is still the newest on target 0."""
+    sched, _, _ = three()
+    for n in (1, 2, 3):
+        ok(on(sched, 0, chat("q", system=system(n))), cached=0)
+    sched.roots.retained[0] = root_tokens(2) + root_tokens(3)
+    stale, live = chat("q2", system=system(1)), chat("q2", system=system(3))
+    assert matched(sched, stale, 0) == 0 and matched(sched, live, 0) > 0
+    data = build_now(replicas(sched), sched.state.clock)
+
+    without, _, _ = three()
+    restore(replicas(without, roots=False), decode(data), 0.0)
+    assert matched(without, stale, 0) > 0  # the bench's "predicted held" misses
+
+    restarted, _, _ = three()
+    done = restore(replicas(restarted), decode(data), 0.0)
+    assert done.roots_merged == 3
+    assert matched(restarted, stale, 0) == 0 and matched(restarted, live, 0) > 0
+    ok(on(restarted, 1, chat("q", system=system(4))), cached=0)
+    assert on(restarted, 0, chat("q3", system=system(3))).root_ahead == 0
+    assert list(restarted.roots.held(0))[:2] == [chat("q", system=system(n)).chain.keys[0]
+                                                  for n in (1, 2)]

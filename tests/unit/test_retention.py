@@ -5,10 +5,13 @@ holders, bounds."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pharos.retention import LIVE_SEC, RootCaches
+from pharos.retention import LIVE_SEC, RootCaches, parse_roots_row
 
 
 def test_sent_reports_the_roots_used_since() -> None:
@@ -117,3 +120,118 @@ def test_pushed_out_only_when_known() -> None:
     assert not rc.pushed_out(0, 9) and not rc.pushed_out(1, 1)
     rc.retained[0] = 100  # smaller than one root: the newest is still held
     assert not rc.pushed_out(0, 3)
+
+
+# --- replication (export / merge) ----------------------------------------------------------
+
+KEYS = {0: "a/m", 1: "b/m", 2: "c/m"}
+IDS = {k: i for i, k in KEYS.items()}
+
+
+def picture(rc: RootCaches) -> tuple[dict[int, list[tuple[int, int]]], dict[int, int]]:
+    """Every target's roots in LRU order with their tokens, and the retentions."""
+    return ({t: list(rc.held(t).items()) for t in KEYS if rc.held(t)}, dict(rc.retained))
+
+
+def test_export_merge_round_trip_rebuilds_order_sizes_and_retention() -> None:
+    """A fresh cache merging another's export holds the same roots in the same LRU order
+    with the same sizes and the same retention, so it answers ``pushed_out`` alike; targets
+    it does not know are dropped and counted."""
+    rc = RootCaches()
+    for i, (t, root, n) in enumerate([(0, 1, 500), (0, 2, 300), (1, 1, 500), (0, 3, 200),
+                                      (0, 1, 500)]):
+        rc.sent(t, root, n, float(i))
+    rc.learn(0, 500, 500, cached=500, now=5.0)
+    other = RootCaches()
+    assert other.merge(rc.export(KEYS.get), IDS.get) == (4, 0)
+    assert picture(other) == picture(rc)
+    assert list(other.held(0)) == [2, 3, 1]
+    assert other.tokens_of(3) == 200
+    assert all(other.pushed_out(0, r) == rc.pushed_out(0, r) for r in (1, 2, 3))
+    assert RootCaches().merge(rc.export(KEYS.get), {"a/m": 0}.get) == (3, 1)  # b/m unknown
+    # A later send here still counts the merged roots as gone ahead.
+    assert other.sent(0, 2, 300, 9.0) == 700
+
+
+def test_merge_is_idempotent_and_any_order_gives_the_same_picture() -> None:
+    """Three instances' pictures of the same targets, merged into fresh caches in every
+    order and each twice, give one picture: per root the latest send, retention the one
+    learned last; merging one's own export changes nothing."""
+    a, b, c = RootCaches(), RootCaches(), RootCaches()
+    a.sent(0, 1, 500, 1.0)
+    b.sent(0, 2, 300, 2.0)
+    c.sent(0, 1, 500, 3.0)  # root 1 again, later: the newest at target 0
+    b.sent(1, 4, 100, 4.0)
+    a.learn(0, 500, 300, cached=0, now=10.0)  # taught less, later
+    b.sent(0, 1, 500, 2.5)
+    b.learn(0, 500, 300, cached=500, now=5.0)
+    exports = [x.export(KEYS.get) for x in (a, b, c)]
+    pictures = []
+    for order in ((0, 1, 2), (2, 1, 0), (1, 0, 2), (0, 2, 1, 0, 1, 2)):
+        m = RootCaches()
+        for i in order:
+            m.merge(exports[i], IDS.get)
+        pictures.append(picture(m))
+    assert all(p == pictures[0] for p in pictures)
+    assert pictures[0] == ({0: [(2, 300), (1, 500)], 1: [(4, 100)]}, {0: 799})
+    for x, rows in zip((a, b, c), exports, strict=True):
+        before = picture(x)
+        assert x.merge(rows, IDS.get) == (0, 0) and picture(x) == before
+
+
+def test_merge_keeps_the_newest_roots_within_the_bound() -> None:
+    """Merged pictures keep the ``roots_per_target`` most recently sent roots, whatever the
+    order of the merges."""
+    a, b = RootCaches(roots_per_target=3), RootCaches(roots_per_target=3)
+    for i in range(3):
+        a.sent(0, 10 + i, 100, float(2 * i))
+        b.sent(0, 20 + i, 100, float(2 * i + 1))
+    ab, ba = RootCaches(roots_per_target=3), RootCaches(roots_per_target=3)
+    ab.merge(a.export(KEYS.get), IDS.get)
+    ab.merge(b.export(KEYS.get), IDS.get)
+    ba.merge(b.export(KEYS.get), IDS.get)
+    ba.merge(a.export(KEYS.get), IDS.get)
+    assert list(ab.held(0)) == list(ba.held(0)) == [21, 12, 22]
+
+
+def test_merge_does_not_bring_back_roots_of_a_cache_that_started_empty() -> None:
+    """After ``forget`` (a new engine process), a peer's roots sent there before are not
+    taken back; those sent after are."""
+    rc, peer = RootCaches(), RootCaches()
+    peer.sent(0, 1, 500, 1.0)
+    rc.forget(0, now=2.0)
+    peer.sent(0, 2, 300, 3.0)
+    rc.merge(peer.export(KEYS.get), IDS.get)
+    assert list(rc.held(0)) == [2]
+
+
+def test_rows_off_the_wire_are_checked() -> None:
+    """A row from the wire round-trips through JSON; unknown fields and trailing items are
+    ignored; a bad one names what is wrong."""
+    rc = RootCaches()
+    rc.sent(0, 2**64 - 1, 500, 1.0)
+    row = rc.export(KEYS.get)[0]
+    raw = json.loads(json.dumps(row.to_json()))
+    assert parse_roots_row(raw) == row
+    raw["future"] = 1
+    raw["roots"][0].append("more")
+    assert parse_roots_row(raw) == row
+    for bad, why in [([], "expected an object"), ({"target": 1}, "target"),
+                     ({"target": "a", "retained": -1}, "retained"),
+                     ({"target": "a", "learned_at": "x"}, "learned_at"),
+                     ({"target": "a", "roots": {}}, "roots must be a list"),
+                     ({"target": "a", "roots": [[2**64, 1, 0.0]]}, "a root"),
+                     ({"target": "a", "roots": [[1, 1, float("nan")]]}, "a root")]:
+        with pytest.raises(ValueError, match=why):
+            parse_roots_row(bad)
+
+
+def test_the_lru_order_survives_a_clock_that_stands_still_or_goes_back() -> None:
+    """Send times strictly increase per target, so a merge rebuilds the LRU order even
+    when the sends shared one clock reading or the clock went back."""
+    rc = RootCaches()
+    for root, now in ((3, 5.0), (1, 5.0), (2, 4.0), (3, 5.0)):
+        rc.sent(0, root, 100, now)
+    other = RootCaches()
+    other.merge(rc.export(KEYS.get), IDS.get)
+    assert list(other.held(0)) == list(rc.held(0)) == [1, 2, 3]

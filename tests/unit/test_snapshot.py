@@ -27,6 +27,7 @@ from pharos.peer.snapshot import (
     restore_bytes,
 )
 from pharos.prefix import PrefixIndex, chain
+from pharos.retention import RootCaches
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample, learn
@@ -379,3 +380,85 @@ def test_slots_of_unknown_targets_are_dropped_and_counted() -> None:
     got = restore(r, decode(doc_bytes(doc)), NOW)
     assert (got.prefix_merged, got.prefix_dropped) == (1, 1)
     assert [s[0] for s in r.index.slots(7)] == [targets[0].id]
+
+
+# --- the roots part (RootCaches: each engine's root LRU and learned retention) -----------------
+
+
+def with_roots(c: Clock, origin: str = "a", models: tuple[str, ...] = ("m1", "m2")
+               ) -> tuple[Replicas, list[Target]]:
+    """Replicas that carry a RootCaches picture."""
+    r, targets = replicas(c, origin=origin, models=models)
+    return Replicas(r.state, r.index, r.ledger, RootCaches()), targets
+
+
+def test_a_snapshot_with_roots_restores_them() -> None:
+    """Each target's roots (LRU order, sizes) and learned retention go into the snapshot by
+    target key and come back in a fresh instance whose target ids differ; the prefix entries
+    come back too; restoring twice changes nothing more."""
+    c = clock()
+    r, targets = filled(c)
+    r = Replicas(r.state, r.index, r.ledger, RootCaches())
+    assert r.roots is not None
+    for i, root in enumerate((11, 12, 13, 11)):
+        r.roots.sent(targets[0].id, root, 500 + root, NOW - 10 + i)
+    r.roots.sent(targets[1].id, 2**64 - 1, 700, NOW - 3)
+    r.roots.learn(targets[0].id, 511, 1025, cached=511, now=NOW - 2)
+    data = pump(c, build(r, c))
+    snap = decode(data)
+    assert [row.target for row in snap.roots] == [targets[0].key, targets[1].key]
+    fresh, fresh_targets = with_roots(c, origin="b", models=("m2", "m1"))  # other ids
+    assert fresh_targets[0].key == targets[1].key and fresh_targets[0].id == targets[0].id
+    got = pump(c, restore_bytes(fresh, data, c))
+    assert isinstance(got, Restored) and (got.roots_merged, got.roots_dropped) == (4, 0)
+    assert fresh.roots is not None
+    by_key = {t.key: t.id for t in fresh.state.targets}
+    t0, t1 = by_key[targets[0].key], by_key[targets[1].key]
+    assert list(fresh.roots.held(t0).items()) == [(12, 512), (13, 513), (11, 511)]
+    assert list(fresh.roots.held(t1).items()) == [(2**64 - 1, 700)]
+    assert fresh.roots.retained == {t0: 1536}
+    assert got.prefix_merged > 0
+    again = pump(c, restore_bytes(fresh, data, c))
+    assert again.roots_merged == 0 and list(fresh.roots.held(t0)) == [12, 13, 11]
+    assert "roots 4 merged, 0 dropped" in str(got)
+
+
+def test_an_older_snapshot_without_roots_still_restores() -> None:
+    """A snapshot of a writer that carries no roots part restores its prefix, cells and stats
+    and leaves the picture empty; one with roots restored by replicas that keep none counts
+    them dropped and merges the rest."""
+    c = clock()
+    old, _ = filled(c)
+    data = pump(c, build(old, c))
+    assert decode(data).roots == ()
+    fresh, _ = with_roots(c, origin="b")
+    got = pump(c, restore_bytes(fresh, data, c))
+    assert got.prefix_merged > 0 and got.cells_changed == 1 and got.stats_taken == 1
+    assert fresh.roots is not None and fresh.roots.export(lambda t: "k") == []
+    newer, targets = with_roots(c)
+    assert newer.roots is not None
+    newer.roots.sent(targets[0].id, 5, 100, NOW)
+    plain, _ = replicas(c, origin="c")
+    got = pump(c, restore_bytes(plain, pump(c, build(newer, c)), c))
+    assert got.roots_dropped == 1 and got.roots_merged == 0
+
+
+def test_a_recorded_roots_part_reads_and_a_bad_one_is_named() -> None:
+    """A snapshot as the first writers of the roots part write it (literal JSON: what later
+    releases must keep reading): a row per target key, unknown fields ignored, rows of
+    unknown targets dropped; a malformed row is refused by its index."""
+    c = clock()
+    r, targets = with_roots(c)
+    data = ndjson(GOOD, {"roots": [
+        {"target": targets[0].key, "retained": 1200, "learned_at": NOW - 1, "future": 1,
+         "roots": [[7, 400, NOW - 9], [8, 600, NOW - 4]]},
+        {"target": "gone/m", "retained": None, "learned_at": None, "roots": [[9, 1, NOW]]},
+        {"target": targets[1].key, "retained": None, "learned_at": None, "roots": []}]})
+    got = pump(c, restore_bytes(r, data, c))
+    assert (got.roots_merged, got.roots_dropped) == (2, 1)
+    assert r.roots is not None
+    assert list(r.roots.held(targets[0].id).items()) == [(7, 400), (8, 600)]
+    assert r.roots.retained == {targets[0].id: 1200}
+    bad = ndjson(GOOD, {"roots": [{"target": "x", "roots": []}, {"target": 3}]})
+    with pytest.raises(SnapshotError, match=r"roots\[1\]: target"):
+        decode(bad)
