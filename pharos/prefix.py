@@ -136,12 +136,23 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class PrefixOp:
-    """A peer delta (§6): a record (or, with ``remove``, a correction) of one request's links."""
+    """A peer delta (§6): a record (or, with ``remove``, a correction) of one request's links.
+
+    ``dispatched``: a prediction made when the request was sent, before any byte came back
+    (the target will hold the links once the engine schedules the prompt); the sender's
+    first-byte and release records confirm it, its correction or error removal drops it.
+    ``root_tokens`` is the root's estimated tokens (a peer that never sent that root cannot
+    size it otherwise) and ``moved`` says the target was not taken to hold the root: this send
+    puts it into a cache that lacked it, so peers are told at once rather than at the next
+    tick. Both only on dispatched ops."""
 
     target_key: str
     hashes: tuple[int, ...]
     last_used: float
     remove: bool = False
+    dispatched: bool = False
+    root_tokens: int | None = None
+    moved: bool = False
 
 
 # --- chain -------------------------------------------------------------------------------------

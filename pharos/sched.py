@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from twisted.internet.defer import Deferred, fail
 
 from pharos.config import DEFAULT_TENANT
+from pharos.engine.library import LLAMASWAP
 from pharos.engine.signals import Residency
 from pharos.fairq import FairQueue, Shares
 from pharos.hot import UTILIZATION, HotPrefixes
@@ -31,9 +32,13 @@ from pharos.placement import (
     KEEP_ALIVE_SEC,
     LoadRates,
     ModelDemand,
+    ReplicaRule,
     Resident,
+    drain_hold,
     horizon,
     reload_price,
+    replica_hold,
+    swap_hold,
     victims,
 )
 from pharos.policy import Candidate, Decision, PolicyConfig, RouteReq, pick, rank
@@ -102,6 +107,8 @@ SHARED_CACHE_KINDS = frozenset({"vllm"})
 HOT_MIN_TOKENS = 256
 #: A peer's gauges count until it has been silent this long (spec §8, §12).
 PEER_SILENCE_SEC = 2.0
+#: Waiters behind a blocked head that swap grouping tries (``Scheduler._pass``).
+PASS_LIMIT = 64
 #: Entries one peer's gauges may hold (targets plus models): far above any fleet, so a peer
 #: sending more is broken or hostile and its report is refused.
 MAX_GAUGE_ENTRIES = 10_000
@@ -118,7 +125,8 @@ def with_match(c: Candidate, matched_tokens: int) -> Candidate:
         service_sec=c.service_sec, fits_if_cold=c.fits_if_cold, loading=c.loading,
         inflight=c.inflight, queued_prefill_sec=c.queued_prefill_sec,
         evict_tokens=c.evict_tokens, kv_free_tokens=c.kv_free_tokens,
-        reload_sec=c.reload_sec, victims=c.victims, load_basis=c.load_basis)
+        reload_sec=c.reload_sec, victims=c.victims, load_basis=c.load_basis,
+        held=c.held, prefill_model=c.prefill_model)
 
 
 class GaugeError(ValueError):
@@ -177,6 +185,9 @@ class SchedRequest:
     chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
     session: int | None = None  # the conversation it names (x-session-id or ``user``), hashed
     output_tokens: int | None = None  # the client's output limit (max_tokens), if it set one
+    #: The policy routing it (its model's, or its A/B arm: ``pharos.models``); None: the
+    #: scheduler's. A retry carries the same, so it stays on its arm.
+    policy: PolicyConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +201,9 @@ class Guards:
     #: Price the live roots a prompt would push out of the only cache holding them
     #: (``pharos.retention``); False: off.
     eviction_pricing: bool = True
+    #: Model placement (issue 15): replicas follow demand, single-model hosts group swaps,
+    #: within a wait bound (``pharos.placement.ReplicaRule``; the cost policy only).
+    placement: ReplicaRule = ReplicaRule()
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +216,7 @@ class Placement:
     matches: dict[int, Match]  # the index's prediction per target (before hot pricing)
     hot_owners: frozenset[int]  # targets priced as holding a hot root they do not hold
     affinity: int | None  # the session's last target, if any
+    route: RouteReq | None = None  # what the policy was given (shadow policies replay it)
 
 
 @dataclass(eq=False)
@@ -230,6 +245,8 @@ class Lease:
     root_ahead: int | None = None
     #: Its reply's prefix outcome (spec §13 ``prefix``), once released with a sample.
     prefix: str | None = None
+    #: The policy that routed it (``x-pharos-policy``, metrics).
+    policy: str = ""
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
@@ -281,6 +298,7 @@ class _Waiter:
     tenant: str = DEFAULT_TENANT
     tenant_weight: int = 1
     cost: float = 1.0  # the fair queue's charge (``request_cost``)
+    queued_at: float = 0.0  # when it joined the queue (placement's wait bound)
     d: Deferred[Lease] = field(default_factory=Deferred)
     arriving: bool = True  # still inside acquire: a grant now did not wait
 
@@ -317,6 +335,17 @@ class Scheduler:
         #: evicted model would have stayed loaded (the horizon of its eviction's price).
         self.load_rates = LoadRates()
         self.demand = ModelDemand()
+        #: Each model's slot demand (slot-seconds per second, as ``hot`` counts roots): how
+        #: many slots it keeps busy, for the replica rule (``placement.replica_hold``).
+        self.slot_demand = ModelDemand()
+        #: Per host (URL), the model last dispatched there and when: on a host that holds one
+        #: model at a time it is the loaded one until a round says otherwise.
+        self.host_model: dict[str, tuple[str, float]] = {}
+        #: Targets whose load failed, with their host's full round then: no load is tried
+        #: there again until the next full round.
+        self.load_failed: dict[int, int] = {}
+        #: Waiters by model with when each queued (oldest first): the wait bound's clock.
+        self._model_waiters: dict[str, dict[_Waiter, float]] = {}
         self.keep_alive_sec = KEEP_ALIVE_SEC
         self.roots = RootCaches()
         self._root_gens: dict[int, int] = {}  # target -> the generation its roots were sent to
@@ -358,6 +387,11 @@ class Scheduler:
         #: count with peers' and the waiters ahead.
         self._cands: dict[Target, tuple[View, int, int, int, Candidate]] = {}
         self._default_capacity = default_capacity
+        #: Requests routed per model: round robin's turn (``RouteReq.seq``).
+        self.turns: Counter[str] = Counter()
+        #: Told of every decision that placed a request, with the request and the placement
+        #: (shadow policies, ``pharos.shadow``: they queue it and return at once).
+        self.on_route: Callable[[SchedRequest, Placement], None] | None = None
 
     @property
     def default_capacity(self) -> int:
@@ -387,13 +421,15 @@ class Scheduler:
             self.targets(req)
         except (UnknownModel, Unavailable) as e:
             return fail(e)
-        w = _Waiter(key, max(1, weight), req, tenant, max(1, tenant_weight), request_cost(req))
+        w = _Waiter(key, max(1, weight), req, tenant, max(1, tenant_weight), request_cost(req),
+                    queued_at=self.state.clock.seconds())
         self.shares.seen(key, w.weight, self.state.clock.seconds(), w.tenant, w.tenant_weight)
         w.d = Deferred(lambda _: self._leave(w))
         if not self.waiting:
             self.waiting_since = self.state.clock.seconds()
         self.queue.push(w, front)
         self._waiting_models[req.model] += 1
+        self._model_waiters.setdefault(req.model, {})[w] = w.queued_at
         self.kick()
         w.arriving = False
         if not w.d.called and self.waiting > self.queue_limit:
@@ -415,6 +451,11 @@ class Scheduler:
             self._unwait(w)
 
     def _unwait(self, w: _Waiter) -> None:
+        waiters = self._model_waiters.get(w.req.model)
+        if waiters is not None:
+            waiters.pop(w, None)
+            if not waiters:
+                del self._model_waiters[w.req.model]
         n = self._waiting_models[w.req.model] - 1
         if n:
             self._waiting_models[w.req.model] = n
@@ -443,13 +484,34 @@ class Scheduler:
                 continue
             lease = self._try_place(w)
             if lease is None:
-                blocked.add(w.key)
-                continue
+                lease, w = self._pass(w)
+                if lease is None:
+                    blocked.add(w.key)
+                    continue
             self.queue.served(w)
             self._unwait(w)
             w.d.callback(lease)
             return True
         return False
+
+    def _pass(self, head: _Waiter) -> tuple[Lease | None, _Waiter]:
+        """Swap grouping (issue 15 item 4): a key whose head cannot be placed (its model cold
+        where the loaded model is busy, or its swap held) lets a later waiter of another model
+        go first, so the loaded model's queued requests are served before a swap; the head
+        keeps its place, and the wait bound (``placement.drain_hold``) stops the loaded model
+        from taking its host for ever. Off without ``swap_grouping`` or under another policy
+        than cost."""
+        if not self.guards.placement.swap_grouping or self.policy.name != "cost":
+            return None, head
+        tried: set[str] = {head.req.model}
+        for w in self.queue.behind(head, PASS_LIMIT):
+            if w.req.model in tried:
+                continue
+            tried.add(w.req.model)
+            lease = self._try_place(w)
+            if lease is not None:
+                return lease, w
+        return None, head
 
     # --- placing one request -------------------------------------------------------------
 
@@ -469,7 +531,7 @@ class Scheduler:
         except (UnknownModel, Unavailable) as e:
             self._fail_later(w, e)
             return None
-        placed = self.decide(w.req, targets)
+        placed = self.decide(w.req, targets, self.state.clock.seconds() - w.queued_at)
         for c in placed.candidates:
             if c.free_slots <= 0:
                 # A request came while it had no free slot: a reason to try one more there
@@ -486,6 +548,7 @@ class Scheduler:
         target.inflight += 1
         self.shares.started(w.key)
         req = w.req
+        self.turns[req.model] += 1
         match = placed.matches.get(target.id)
         terms = decision.target_terms
         assert terms is not None
@@ -493,14 +556,18 @@ class Scheduler:
                       key=w.key, chain=req.chain,
                       predicted_tokens=min(match.tokens, req.prompt_tokens) if match else 0,
                       source=match.source if match else None, est_ttft=terms[1],
-                      prefill_sec=terms[3] + terms[4])
+                      prefill_sec=terms[3] + terms[4],
+                      policy=(req.policy or self.policy).name)
         target.queued_prefill += lease.prefill_sec
         target.unstarted += 1
         target.kv_sent_tokens += max(0, req.prompt_tokens - lease.predicted_tokens)
         now = self.state.clock.seconds()
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
+        self.host_model[target.backend.url] = (target.model, now)
         lease.root_ahead = self._dispatched(req, target)
+        if self.on_route is not None:
+            self.on_route(req, placed)
         return lease
 
     def _dispatched(self, req: SchedRequest, target: Target) -> int | None:
@@ -508,6 +575,8 @@ class Scheduler:
         session's target. Returns ``RootCaches.sent``'s answer."""
         now = self.state.clock.seconds()
         self.demand.add(req.model, now)
+        self.slot_demand.add(req.model, now,
+                             target.stats.service_sec.value or self.policy.service_sec_default)
         ahead = None
         if req.chain:
             root = req.chain.keys[0]
@@ -515,7 +584,13 @@ class Scheduler:
                 service = target.stats.service_sec.value or self.policy.service_sec_default
                 self.hot.add(root, service, now)
             self._roots_gen(target.id, target.gen, now)
-            ahead = self.roots.sent(target.id, root, req.chain.ends[0] // BYTES_PER_TOKEN, now)
+            tokens = req.chain.ends[0] // BYTES_PER_TOKEN
+            moved = self.roots.pushed_out(target.id, root) or root not in self.roots.held(
+                target.id)
+            ahead = self.roots.sent(target.id, root, tokens, now)
+            if self.on_prefix is not None:  # peers learn of it now, not at the first byte
+                self.on_prefix(PrefixOp(target.key, req.chain.keys, now, dispatched=True,
+                                        root_tokens=tokens, moved=moved))
         if req.session is not None and self.policy.session_affinity:
             self.sessions.pop(req.session, None)
             self.sessions[req.session] = target.id
@@ -615,15 +690,18 @@ class Scheduler:
             self._key_ids = {t.key: t.id for t in targets}
         return self._key_ids.get(key)
 
-    def merge_prefix(self, ops: list[PrefixOp], now: float) -> int:
+    def merge_prefix(self, ops: list[PrefixOp], now: float, *, roots: bool = True) -> int:
         """Apply a peer's prefix ops as local records and corrections (``PrefixIndex.merge``);
         returns how many were dropped (targets not known here). A record also notes its root
         as sent to its target in ``roots`` (when the root's size is known here): each
         engine's cache takes every instance's prompts, and retention learned, stale
         predictions and eviction pricing counted only this instance's (W1 behind three
         peers: hit rate 0.66 against 0.88 for one instance, half the misses predicted held by
-        an engine that had pushed them out)."""
+        an engine that had pushed them out). ``roots=False``: the peer tells its sends at
+        dispatch (``merge_dispatched``), so its records are not sends again."""
         dropped = self.index.merge(ops, self.target_id, self._gen, now, source="peer")
+        if not roots:
+            return dropped
         for op in ops:
             if op.remove or not op.hashes:
                 continue
@@ -634,6 +712,38 @@ class Scheduler:
                 continue
             self._roots_gen(tid, gen, now)
             self.roots.sent(tid, op.hashes[0], tokens, now)
+        return dropped
+
+    def merge_dispatched(self, ops: list[PrefixOp], now: float) -> int:
+        """A peer's dispatches, told when it sent them (before any byte came back): each root
+        is sent to its target in ``roots`` (in the order the engines took them, not a first
+        byte later), counts in the root's demand (``hot``), and on an engine whose cache
+        serves every request once the prompt is scheduled (``SHARED_CACHE_KINDS``) is
+        recorded in the index as a peer slot, so two instances do not put one new root into
+        two caches. The peer's first-byte and release records confirm it; its correction or
+        error removal (and a wrong prediction here) drops it. Returns how many were dropped
+        (targets or generations not known here)."""
+        dropped = 0
+        record: list[PrefixOp] = []
+        for op in ops:
+            tid = self.target_id(op.target_key) if op.hashes else None
+            gen = self._gen(tid) if tid is not None else None
+            if tid is None or gen is None:
+                dropped += 1
+                continue
+            t = self.state.targets[tid]
+            root = op.hashes[0]
+            tokens = op.root_tokens if op.root_tokens is not None else self.roots.tokens_of(root)
+            if tokens is not None:
+                self._roots_gen(tid, gen, now)
+                self.roots.sent(tid, root, tokens, now)
+            if self.guards.hot_prefix_utilization is not None:
+                service = t.stats.service_sec.value or self.policy.service_sec_default
+                self.hot.add(root, service, now)
+            if t.backend.kind in SHARED_CACHE_KINDS:
+                record.append(PrefixOp(op.target_key, op.hashes, op.last_used))
+        if record:
+            dropped += self.index.merge(record, self.target_id, self._gen, now, source="peer")
         return dropped
 
     def _roots_gen(self, tid: int, gen: int, now: float) -> None:
@@ -678,8 +788,10 @@ class Scheduler:
         self._leave(w)
         w.d.errback(e)
 
-    def decide(self, req: SchedRequest, targets: list[Target]) -> Placement:
-        """The policy's decision over the candidates as they are now (no state changes)."""
+    def decide(self, req: SchedRequest, targets: list[Target], waited: float = 0.0
+               ) -> Placement:
+        """The policy's decision over the candidates as they are now (no state changes);
+        ``waited``: how long the request has queued (placement's wait bound)."""
         queued = self._waiting_models.get(req.model, 0)
         if self.peers:
             self._refresh_peers()
@@ -704,6 +816,10 @@ class Scheduler:
                 c = e[4]
             else:
                 c = self._keep(t, v, queued, inflight)
+            if (c.warm is not False and not inflight and self.host_model
+                    and (hm := self.host_model.get(t.backend.url)) is not None
+                    and hm[0] != t.model and self._swapped_out(t, v, hm)):
+                c = self._as_cold(t, v, c)
             if matches and (m := matches.get(tid)) is not None:
                 if m.matched_bytes >= root_bytes:
                     held.append(tid)
@@ -723,11 +839,116 @@ class Scheduler:
                          if c.target_id in evict else c for c in cands]
         if any(cold.values()):
             cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
+        if self.policy.name == "cost":
+            cands = self._holds(req, cands, cold, now, waited)
         affinity = None
         if req.session is not None and self.policy.session_affinity:
             affinity = self.sessions.get(req.session)
-        decision = pick(RouteReq(req.prompt_tokens, req.seed, affinity), cands, self.policy)
-        return Placement(decision, tuple(cands), cold, matches, owners, affinity)
+        route = RouteReq(req.prompt_tokens, req.seed, affinity, self.turns.get(req.model, 0),
+                         req.chain.keys[0] if req.chain else None)
+        decision = pick(route, cands, req.policy or self.policy)
+        return Placement(decision, tuple(cands), cold, matches, owners, affinity, route)
+
+    def _swapped_out(self, t: Target, v: View, host: tuple[str, float]) -> bool:
+        """A later dispatch of another model to ``t``'s host (``host_model``), not yet seen
+        by a round, pushed ``t``'s model out: the host holds one model at a time (llama-swap)
+        or the two do not fit in its memory together."""
+        model, at = host
+        b = t.backend
+        if b.full_at is not None and b.full_at > at:
+            return False  # a round since has said what is loaded
+        if b.kind == LLAMASWAP:
+            return True
+        memory_gb = b.spec.memory_gb
+        if memory_gb is None or v.size_bytes is None:
+            return False
+        other = next((o for o in self.state.targets_for(model) if o.backend is b), None)
+        size = self.state.view(other).size_bytes if other is not None else None
+        return size is not None and size + v.size_bytes > memory_gb * 1e9
+
+    def _as_cold(self, t: Target, v: View, c: Candidate) -> Candidate:
+        """``c`` as a cold candidate: its model was pushed out since the last round."""
+        load_sec, basis = self._load_estimate(t, v.size_bytes)
+        return dataclasses.replace(
+            c, warm=False, loading=False, fits_if_cold=self._fits_if_cold(t, v.size_bytes),
+            load_sec=load_sec, load_basis=basis)
+
+    def _holds(self, req: SchedRequest, cands: list[Candidate], cold: dict[int, bool],
+               now: float, waited: float) -> list[Candidate]:
+        """Placement's holds (issue 15; ``Candidate.held`` sets the candidate aside with the
+        reason): a host whose load failed is not tried again until its next full round; a
+        host draining for a model that has waited past the bound takes no other model; a
+        copy of a model warm elsewhere waits for a warm slot while that is cheaper for the
+        fleet (``placement.replica_hold``); and a swap waits while the model it pushes out
+        has requests queued (``placement.swap_hold``)."""
+        rule, targets = self.guards.placement, self.state.targets
+        drains = self._drains(req.model, now)
+        out: list[Candidate] = []
+        for c in cands:
+            t = targets[c.target_id]
+            note = None
+            if cold[c.target_id] and self.load_failed.get(t.id) == t.backend.full_round:
+                note = "load failed here this round (tried again after the next round)"
+            elif (d := drains.get(t.backend.url)) is not None:
+                note = drain_hold(rule, *d)
+            out.append(dataclasses.replace(c, held=note) if note else c)
+        warm = [c for c in out if not cold[c.target_id] and c.held is None]
+        loads = [c for c in out if cold[c.target_id] and c.held is None
+                 and c.fits_if_cold is not False]
+        if not loads:
+            return out
+        note = None
+        if warm:
+            service = self.policy.service_sec_default
+            warm_wait = min(0.0 if c.free_slots > 0 else
+                            (c.queue_ahead + 1) / c.capacity * (c.service_sec or service)
+                            for c in warm)
+            load_cost = min((c.load_sec or self.policy.load_sec_default) + c.reload_sec
+                            for c in loads)
+            note = replica_hold(rule, self.slot_demand.rate(req.model, now),
+                                sum(c.capacity for c in warm), warm_wait, load_cost, waited)
+        held: dict[int, str] = {}
+        for c in loads:
+            if note is not None:
+                held[c.target_id] = note
+                continue
+            for victim in c.victims:
+                n = self._waiting_models.get(victim, 0) + (
+                    self.peer_waiting(victim) if self.peers else 0)
+                swap = swap_hold(rule, victim, n, waited)
+                if swap is not None:
+                    held[c.target_id] = swap
+                    break
+        if not held:
+            return out
+        return [dataclasses.replace(c, held=held[c.target_id]) if c.target_id in held else c
+                for c in out]
+
+    def _drains(self, model: str, now: float) -> dict[str, tuple[str, float]]:
+        """Hosts draining for a swap: per model other than ``model`` whose oldest waiter has
+        waited past the bound with no host it can load on now, the host it gets (the one
+        with the fewest requests in flight, then the lowest target id), with that model and
+        the wait. A request for another model is held off that host until the load goes."""
+        bound = self.guards.placement.wait_bound_sec
+        out: dict[str, tuple[str, float]] = {}
+        for other, waiters in self._model_waiters.items():
+            if other == model or not waiters:
+                continue
+            waited = now - next(iter(waiters.values()))
+            if waited < bound:
+                continue
+            best: tuple[int, int, str] | None = None
+            for t in self.state.targets_for(other):
+                v = self.state.view_at(t, now)
+                if v.residency is not Residency.COLD or t.inflight:
+                    best = None
+                    break  # warm somewhere: it waits for a slot, not for a swap
+                busy = sum(o.inflight for o in self.state.targets if o.backend is t.backend)
+                if best is None or (busy, t.id) < best[:2]:
+                    best = (busy, t.id, t.backend.url)
+            if best is not None and best[2] not in out:
+                out[best[2]] = (other, waited)
+        return out
 
     def learn_load(self, t: Target, load_sec: float | None) -> None:
         """A measured load (``load_sample``) teaches the host's bytes per second."""
@@ -1019,6 +1240,7 @@ class Scheduler:
             queued_prefill_sec=t.queued_prefill,
             kv_free_tokens=self._kv_free(t, v),
             load_basis=load_basis,
+            prefill_model=t.backend.spec.cost_model_terms,
         )
 
     @staticmethod

@@ -8,6 +8,14 @@ retried) and the prefix ops since its last tick, taken from a bounded pending li
 its previous delta is outstanding, and each delta has a timeout, so a slow peer delays only
 itself and nothing piles up. The hot path never waits: ``push`` appends to lists.
 
+Dispatches are told too (``Delta.dispatched``): every request sent, as a predicted record, so
+peers route on where prompts are going rather than where they went a first byte and a tick
+ago (W1 behind three instances: two instances put one new root into two small caches, and
+the copies cascade). A dispatch that puts a root into a cache taken to lack it
+(``PrefixOp.moved``) is not left for the tick: a delta goes to every peer on the next reactor
+turn (several such dispatches in one turn share it; a peer with a delta outstanding gets
+one as soon as that is answered).
+
 What arrives is merged by the modules that own it (``Scheduler.merge_gauges`` /
 ``merge_prefix`` / ``forget``, ``Ledger.merge`` / ``merge_reserved``); the node only moves
 bytes. A member that answers with this instance's own origin is this instance and is
@@ -105,7 +113,10 @@ class Peer:
 
     member: str
     pending: list[PrefixOp] = field(default_factory=list)
+    dispatched: list[PrefixOp] = field(default_factory=list)  # dispatches not yet sent
     dropped_ops: int = 0  # ops that found the pending list full
+    flush: bool = False  # a moved root waits for the outstanding delta's answer
+    flushed: int = 0  # deltas sent early for moved roots
     loop: LoopingCall | None = None
     outstanding: Deferred[Any] | None = None
     skipped: int = 0  # ticks skipped while a delta was outstanding
@@ -161,6 +172,7 @@ class PeerNode(Service):
         self.refused: dict[str, int] = {}
         self.fingerprint_mismatch: set[str] = set()
         self._resolve_loop: LoopingCall | None = None
+        self._flush_call: Any = None  # the delayed call of ``_flush``, while one is due
 
     # --- membership ----------------------------------------------------------------------
 
@@ -178,6 +190,9 @@ class PeerNode(Service):
             self._resolve_loop.stop()
         for peer in self.peers.values():
             self._stop_loop(peer)
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
         pending = [p.outstanding for p in self.peers.values() if p.outstanding is not None]
         for d in pending:
             d.cancel()
@@ -224,24 +239,45 @@ class PeerNode(Service):
     # --- sending -------------------------------------------------------------------------
 
     def push(self, op: PrefixOp) -> None:
-        """A prefix record or correction for every peer's next delta (the scheduler's
-        ``on_prefix``): appended, or dropped where the list is full."""
+        """A prefix record, correction or dispatch for every peer's next delta (the
+        scheduler's ``on_prefix``): appended, or dropped where the list is full. A dispatch
+        that moved a root asks for a delta on the next reactor turn (``_flush``)."""
         cap = self.max_pending
         for peer in self.peers.values():
             if peer.myself:
                 continue
-            if len(peer.pending) < cap:
-                peer.pending.append(op)
+            queue = peer.dispatched if op.dispatched else peer.pending
+            if len(queue) < cap:
+                queue.append(op)
             else:
                 peer.dropped_ops += 1
+        if op.moved and self.running and not self.leaving and (
+                self._flush_call is None or not self._flush_call.active()):
+            self._flush_call = self.clock.callLater(0, self._flush)
 
-    def delta(self, ops: list[PrefixOp], leaving: bool = False) -> Delta:
-        """This instance's delta now: absolute gauges and recent cells, the given ops."""
+    def _flush(self) -> None:
+        """A delta to every peer now (a root moved): those with one outstanding get theirs
+        when it is answered. Never raises."""
+        self._flush_call = None
+        for peer in list(self.peers.values()):
+            if peer.myself or peer.loop is None or not (peer.dispatched or peer.pending):
+                continue
+            if peer.outstanding is not None:
+                peer.flush = True
+                continue
+            peer.flushed += 1
+            self._tick(peer)
+
+    def delta(self, ops: list[PrefixOp], leaving: bool = False,
+              dispatched: list[PrefixOp] | None = None) -> Delta:
+        """This instance's delta now: absolute gauges and recent cells, the given ops and
+        dispatches."""
         self.seq += 1
         gauges: dict[str, Any] = dict(self.sched.export_gauges())
         gauges["reserved"] = self.ledger.export_reserved()
         return Delta(self.origin, self.fingerprint(), self.seq, leaving, gauges,
-                     self.ledger.export_recent(), tuple(ops))
+                     self.ledger.export_recent(), tuple(ops),
+                     dispatched=tuple(dispatched or ()))
 
     def _tick(self, peer: Peer) -> None:
         """One peer's tick; never raises (a LoopingCall stops for good on an error)."""
@@ -252,7 +288,9 @@ class PeerNode(Service):
                 peer.skipped += 1
                 return
             ops, peer.pending = peer.pending, []
-            self._send(peer, encode(self.delta(ops)))
+            sent, peer.dispatched = peer.dispatched, []
+            peer.flush = False
+            self._send(peer, encode(self.delta(ops, dispatched=sent)))
         except Exception:
             log.failure("peers: building a delta for {member} failed", member=peer.member)
 
@@ -266,6 +304,10 @@ class PeerNode(Service):
         def clear(_: object) -> None:
             if peer.outstanding is d:
                 peer.outstanding = None
+                if peer.flush and peer.loop is not None and not self.leaving:
+                    peer.flush = False
+                    peer.flushed += 1
+                    self.clock.callLater(0, self._tick, peer)
 
         done.addBoth(clear)
         return done
@@ -312,7 +354,7 @@ class PeerNode(Service):
         """The member is this instance (its reply carried our origin): skipped from now on."""
         if not peer.myself:
             log.info("peers: {member} is this instance; skipped", member=peer.member)
-        peer.myself, peer.pending = True, []
+        peer.myself, peer.pending, peer.dispatched = True, [], []
         self._stop_loop(peer)
 
     # --- snapshots -----------------------------------------------------------------------
@@ -383,7 +425,9 @@ class PeerNode(Service):
             if peer.outstanding is not None:
                 peer.outstanding.cancel()
             ops, peer.pending = peer.pending, []
-            sends.append(self._send(peer, encode(self.delta(ops, leaving=True))))
+            sent, peer.dispatched = peer.dispatched, []
+            sends.append(self._send(peer, encode(self.delta(ops, leaving=True,
+                                                            dispatched=sent))))
         d: Deferred[Any] = DeferredList(sends, consumeErrors=True)
         return d.addCallback(lambda _: None)
 
@@ -432,7 +476,9 @@ class PeerNode(Service):
             self.ledger.merge(delta.cells)
         except ValueError as e:
             problems.append(str(e))
-        self.sched.merge_prefix(list(delta.prefix), now)
+        if delta.dispatched:  # before the records: a request's dispatch precedes them
+            self.sched.merge_dispatched(list(delta.dispatched), now)
+        self.sched.merge_prefix(list(delta.prefix), now, roots=delta.dispatched is None)
         if problems:
             self._count("malformed")
         return problems
@@ -466,7 +512,8 @@ class PeerNode(Service):
                 "connected": p.connected, "last_heard": p.heard_at,
                 "silent_sec": None if p.heard_at is None else round(now - p.heard_at, 3),
                 "failing": p.failing, "proto_mismatch": p.proto_mismatch,
-                "pending_ops": len(p.pending), "dropped_ops": p.dropped_ops,
+                "pending_ops": len(p.pending) + len(p.dispatched),
+                "dropped_ops": p.dropped_ops, "early_deltas": p.flushed,
                 "skipped_ticks": p.skipped, "snapshots_pulled": p.pulls,
             } for p in self.peers.values()],
             "origins": {o: {"last_heard": s.heard_at, "leaving": s.leaving,

@@ -5,6 +5,12 @@ repaired by the next, plus the prefix ops since the last tick (lossy hints). Unk
 are ignored, so a later release may add some without a bump; ``proto`` changes only for
 breaking changes, and a peer on another proto is answered 409 (``ProtoMismatch``).
 
+Since the dispatch ops were added (no proto bump: older peers ignore the field), a delta also
+carries ``dispatch``: the requests this origin sent since its last delta, each a predicted
+record (target key, link hashes, when, the root's estimated tokens, whether the target was
+taken to lack the root). A delta without the field comes from an older peer, whose records
+then stand for its sends (``Delta.dispatched`` is None).
+
 Decoding checks the shape only (types and bounds); each owning module checks its own part
 when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
 No prompt text travels: prefix ops are 64-bit hashes and a target key.
@@ -59,6 +65,9 @@ class Delta:
     cells: Sequence[Mapping[str, Any]] = ()
     prefix: Sequence[PrefixOp] = ()
     proto: int = PROTO
+    #: The sender's dispatches since its last delta (``PrefixOp.dispatched``); None: a peer
+    #: of a release that does not tell them (its records stand for its sends).
+    dispatched: Sequence[PrefixOp] | None = None
 
 
 def fingerprint(config: Config) -> str:
@@ -81,32 +90,53 @@ def _op(op: PrefixOp) -> dict[str, Any]:
             "remove": op.remove}
 
 
+def _dispatch_op(op: PrefixOp) -> dict[str, Any]:
+    return {"target": op.target_key, "hashes": list(op.hashes), "last_used": op.last_used,
+            "root_tokens": op.root_tokens, "moved": op.moved}
+
+
 def encode(delta: Delta) -> bytes:
     """The delta as compact UTF-8 JSON."""
-    body = {"proto": delta.proto, "origin": delta.origin, "fingerprint": delta.fingerprint,
-            "seq": delta.seq, "leaving": delta.leaving, "gauges": delta.gauges,
-            "cells": list(delta.cells),
-            "prefix": [_op(op) for op in delta.prefix]}
+    body: dict[str, Any] = {
+        "proto": delta.proto, "origin": delta.origin, "fingerprint": delta.fingerprint,
+        "seq": delta.seq, "leaving": delta.leaving, "gauges": delta.gauges,
+        "cells": list(delta.cells), "prefix": [_op(op) for op in delta.prefix]}
+    if delta.dispatched is not None:
+        body["dispatch"] = [_dispatch_op(op) for op in delta.dispatched]
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode()
 
 
-def _parse_op(raw: object, i: int) -> PrefixOp:
+def _parse_op(raw: object, i: int, part: str = "prefix") -> PrefixOp:
     if not isinstance(raw, Mapping):
-        raise WireError(f"prefix[{i}]: expected an object")
+        raise WireError(f"{part}[{i}]: expected an object")
     target, hashes, last_used = raw.get("target"), raw.get("hashes"), raw.get("last_used")
     remove = raw.get("remove", False)
     if not isinstance(target, str):
-        raise WireError(f"prefix[{i}].target: expected a string")
+        raise WireError(f"{part}[{i}].target: expected a string")
     if not isinstance(hashes, list) or len(hashes) > MAX_HASHES or not all(
             type(h) is int and 0 <= h < _U64 for h in hashes):
-        raise WireError(f"prefix[{i}].hashes: expected at most {MAX_HASHES} unsigned "
+        raise WireError(f"{part}[{i}].hashes: expected at most {MAX_HASHES} unsigned "
                         "64-bit integers")
     if type(last_used) not in (int, float) or not math.isfinite(last_used):  # type: ignore[arg-type]
-        raise WireError(f"prefix[{i}].last_used: expected a finite number")
+        raise WireError(f"{part}[{i}].last_used: expected a finite number")
     if not isinstance(remove, bool):
-        raise WireError(f"prefix[{i}].remove: expected true or false")
+        raise WireError(f"{part}[{i}].remove: expected true or false")
     return PrefixOp(target, tuple(hashes), float(last_used), remove)  # type: ignore[arg-type]
+
+
+def _parse_dispatch(raw: object, i: int) -> PrefixOp:
+    op = _parse_op(raw, i, "dispatch")
+    assert isinstance(raw, Mapping)
+    tokens, moved = raw.get("root_tokens"), raw.get("moved", False)
+    if tokens is not None and (type(tokens) is not int or tokens < 0):
+        raise WireError(f"dispatch[{i}].root_tokens: expected a non-negative integer or null")
+    if not isinstance(moved, bool):
+        raise WireError(f"dispatch[{i}].moved: expected true or false")
+    if not op.hashes:
+        raise WireError(f"dispatch[{i}].hashes: expected at least one hash")
+    return PrefixOp(op.target_key, op.hashes, op.last_used, dispatched=True,
+                    root_tokens=tokens, moved=moved)
 
 
 def _reject_constant(name: str) -> float:
@@ -151,4 +181,10 @@ def decode(data: bytes) -> Delta:
     if not isinstance(ops, list) or len(ops) > MAX_OPS:
         raise WireError(f"prefix: expected a list of at most {MAX_OPS} ops")
     prefix = tuple(_parse_op(op, i) for i, op in enumerate(ops))
-    return Delta(origin, fp, seq, leaving, gauges, cells, prefix, proto)
+    sent = raw.get("dispatch")
+    dispatched: tuple[PrefixOp, ...] | None = None
+    if sent is not None:
+        if not isinstance(sent, list) or len(sent) > MAX_OPS:
+            raise WireError(f"dispatch: expected a list of at most {MAX_OPS} ops")
+        dispatched = tuple(_parse_dispatch(op, i) for i, op in enumerate(sent))
+    return Delta(origin, fp, seq, leaving, gauges, cells, prefix, proto, dispatched)
