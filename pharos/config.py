@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+import os
 import re
 import urllib.parse
 import zoneinfo
@@ -78,6 +79,10 @@ DEFAULT_REQUEST_HEADERS: Final = 10.0
 DEFAULT_QUEUE_STUCK: Final = 300.0
 #: A ``dns:`` backend entry's name is resolved again this often (peers' re-resolve, §12).
 DEFAULT_DNS_REFRESH: Final = 10.0
+#: Processes serving the public port (``workers:``; ``auto`` is the cores this process may
+#: run on). More than ``MAX_WORKERS`` is refused: each is a whole Pharos with its own memory.
+DEFAULT_WORKERS: Final = 1
+MAX_WORKERS: Final = 64
 
 #: Fields a reload applies without a restart (§10 hot reload): a whole top-level section, or
 #: ``section.field`` for a section only part of which can change under a running service (the
@@ -386,6 +391,18 @@ class Config:
     routing: Routing = Routing()
     observability: Observability = Observability()
     timeouts: Timeouts = Timeouts()
+    #: Worker processes sharing the public port and their state (pharos.workers); ``auto``
+    #: is resolved when the file is read.
+    workers: int = DEFAULT_WORKERS
+
+
+def available_cores() -> int:
+    """The cores this process may run on (``taskset`` narrows them): what ``workers: auto``
+    means."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def load_config(path: str | Path, *, refuse_unbuilt: bool = True) -> Config:
@@ -715,7 +732,7 @@ class _Parser:
             raw,
             "",
             ("listen", "policy", "backends", "keys", "tenants", "state_file", "usage", "drain",
-             "peers", "routing", "timeouts", "observability"),
+             "peers", "routing", "timeouts", "observability", "workers"),
         )
         if m is None:
             return Config()
@@ -735,6 +752,11 @@ class _Parser:
         for i, key in enumerate(keys):
             if key.tenant not in named:
                 self.error(f"keys[{i}].tenant", f"no tenant named {key.tenant!r} in tenants")
+        workers = self.workers(m.get("workers"))
+        peers = self.peers(m.get("peers"))
+        if workers > 1 and peers is not None:
+            self.error("workers", "more than one worker with peers: is not supported yet "
+                       "(run one worker per instance in a mesh); remove one of them")
         return Config(
             listen=listen,
             policy=policy,
@@ -745,11 +767,23 @@ class _Parser:
             state_file=state_file,
             usage=self.usage(m.get("usage")),
             drain=self.drain(m.get("drain")),
-            peers=self.peers(m.get("peers")),
+            peers=peers,
             routing=self.routing(m.get("routing")),
             observability=self.observability(m.get("observability")),
             timeouts=self.timeouts(m.get("timeouts")),
+            workers=workers,
         )
+
+    def workers(self, raw: object) -> int:
+        """``workers: N`` (1 to ``MAX_WORKERS``) or ``auto`` (the available cores)."""
+        if raw is None:
+            return DEFAULT_WORKERS
+        if raw == "auto":
+            return min(available_cores(), MAX_WORKERS)
+        if not _is_int(raw) or not 1 <= raw <= MAX_WORKERS:
+            self.expected("workers", f"an integer from 1 to {MAX_WORKERS} or auto", raw)
+            return DEFAULT_WORKERS
+        return raw
 
     def observability(self, raw: object) -> Observability:
         if raw is None:

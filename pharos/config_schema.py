@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pharos.config import BACKEND_KINDS, POLICIES, SCALES
+from pharos.config import BACKEND_KINDS, MAX_WORKERS, POLICIES, SCALES
 from pharos.engine.signals import LOAD_SIGNALS, LOG_SIGNALS, Signal
 
 _DURATION: dict[str, Any] = {
@@ -101,6 +101,9 @@ def schema() -> dict[str, Any]:
             "keys": {"type": "array", "items": key},
             "tenants": {"type": "array", "items": tenant},
             "state_file": {"type": "string", "minLength": 1, "description": unbuilt},
+            "workers": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+                                  {"const": "auto"}],
+                        "description": "processes sharing the public port (auto: the cores)"},
             "usage": _object({"timezone": {"type": "string"},
                               "retention_days": _POSITIVE_INT,
                               "journal": {"type": "string", "minLength": 1,

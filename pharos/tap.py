@@ -72,7 +72,9 @@ class Options(usage.Options):
 
     optParameters = [["config", "c", None, "the Pharos config file (YAML)"],
                      ["log-level", None, "info",
-                      "info, or debug: also one line per request (spec section 13)"]]
+                      "info, or debug: also one line per request (spec section 13)"],
+                     ["worker", None, None,
+                      "internal: set by the supervisor of workers: N (pharos.workers)"]]
     optFlags = [["demo", None, "serve in front of three simulated engines on loopback"]]
 
     def postOptions(self) -> None:
@@ -368,23 +370,25 @@ def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
 
 
 def build(config: Config, reactor: Any, config_path: str | None = None,
-          request_log: bool = False, docker_socket: str | None = None) -> PharosService:
+          request_log: bool = False, docker_socket: str | None = None,
+          listen: Callable[[str, Site], IService] = strports.service) -> PharosService:
     """The service tree for ``config`` on ``reactor``; ``config_path`` is watched for
     changes (hot reload); ``request_log``: one debug line per request; ``docker_socket``:
-    the Docker daemon to discover labelled containers from."""
+    the Docker daemon to discover labelled containers from; ``listen``: the listener
+    service of a strports description and site (a worker adopts inherited sockets)."""
     top = PharosService(config, reactor, config_path=config_path, request_log=request_log,
                         docker_socket=docker_socket)
     if top.peer_node is not None and top.peer_secret is not None and config.peers is not None:
         # The peer listener first (spec §12), so instances starting together can pull
         # from each other before their public listeners open.
-        strports.service(config.peers.listen.strports(),
-                         peer_site(top.peer_node, top.peer_secret,
-                                   lambda: build_snapshot(top.replicas, reactor)),
-                         ).setServiceParent(top)
+        listen(config.peers.listen.strports(),
+               peer_site(top.peer_node, top.peer_secret,
+                         lambda: build_snapshot(top.replicas, reactor)),
+               ).setServiceParent(top)
         top.peer_node.setServiceParent(top)
     site = public_site(top)
     # Opened by PharosService once restored (a busy port still fails the start, probed).
-    top.public_listener = strports.service(config.listen.strports(), site)
+    top.public_listener = listen(config.listen.strports(), site)
     return top
 
 
@@ -401,9 +405,19 @@ def makeService(options: Any) -> IService:
                 child.handle_signals = True
         return demo
     config: Config = options["parsed"]
+    if options["worker"] is None and config.workers > 1:
+        from pharos.workers import Supervisor
+
+        return Supervisor(config, options["config"], reactor, log_level=options["log-level"])
     docker_socket, why = socket_from_env(os.environ)
     if docker_socket is None:
         log.info("Docker discovery off: {why}", why=why)
+    if options["worker"] is not None:
+        from pharos.workers import worker_service
+
+        return worker_service(config, options["config"], options["worker"], reactor,
+                              request_log=options["log-level"] == "debug",
+                              docker_socket=docker_socket)
     top = build(config, reactor, config_path=options["config"],
                 request_log=options["log-level"] == "debug", docker_socket=docker_socket)
     top.handle_signals = True
