@@ -6,7 +6,9 @@ builds the candidates (residency, occupancy, prefix matches, learned estimates) 
 decision: take a slot on ``Decision.target_id``, or wait in the fair queue when ``enqueue`` is
 set (with ``target_id`` None: "waiting without a feasible target").
 
-Two policies share the signature (``POLICIES``):
+Six policies share the signature (``POLICIES``): two that route, and four baselines that
+exist so a benchmark compares policies through Pharos (same admission, fair queue, retries and
+measurement) rather than by dispatching around it.
 
 ``cost``
     The estimated time to first token in seconds, ``est_ttft = wait + load + prefill`` plus a
@@ -31,8 +33,24 @@ Two policies share the signature (``POLICIES``):
     pseudo-random choice seeded by ``req.seed``.
 ``least-load``
     Utilization only (same tie rule), the escape hatch if the estimates misbehave on a fleet.
+``round-robin``
+    The feasible candidates in target id order, turn ``req.seq`` (the scheduler counts the
+    model's routed requests, so the function stays pure).
+``random``
+    The feasible candidate with the lowest seeded rank (uniform over them, ``req.seed``).
+``p2c``
+    Power of two choices: the two feasible candidates with the lowest seeded ranks, the less
+    utilized of them (the first drawn on a tie).
+``prefix-hash``
+    Rendezvous hashing on the prompt's root prefix (``req.root``): the feasible candidate with
+    the highest rank of the root, so a system prompt keeps one engine while the set is stable;
+    ``p2c`` without a root.
 
-Both report every candidate's ``Score`` (for explain, the status page and tests) and neither
+The baselines read no estimate: feasibility is least-load's (only a cold load that won't fit
+is set aside), and the chosen target without a free slot means waiting in the fair queue as
+for any policy.
+
+All six report every candidate's ``Score`` (for explain, the status page and tests) and none
 ever picks a candidate that is set aside (a cold load that would not fit). A pick computes only
 what selection reads: each candidate's estimate (cost) or utilization (least-load) and
 set-aside reason, the tied candidates' utilization, and the winner. The decision's reason,
@@ -72,12 +90,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
-PolicyName: TypeAlias = Literal["cost", "least-load"]
+PolicyName: TypeAlias = Literal["cost", "least-load", "round-robin", "random", "p2c",
+                                "prefix-hash"]
 #: Why the target won: the ``route`` outcomes of spec §13. ``cache``: its cached prefix
 #: outweighed load; ``warm``: its loaded model did (whichever saved more against the least
 #: utilized other target); ``least_loaded``: it was strictly the least utilized, or it won on
 #: wait or prefill speed alone; ``only_choice``: no other candidate was feasible.
-Why: TypeAlias = Literal["only_choice", "least_loaded", "cache", "warm", "affinity"]
+#: ``baseline``: a baseline policy's choice (round robin's turn, a random draw, a prefix hash)
+#: that none of the others describes.
+Why: TypeAlias = Literal["only_choice", "least_loaded", "cache", "warm", "affinity", "baseline"]
 
 #: Seconds per uncached prompt token. Measured cold on CPU with Qwen2.5-0.5B, 3.1-15 ms.
 PREFILL_SEC_PER_TOKEN_DEFAULT: Final = 0.005
@@ -135,6 +156,10 @@ class RouteReq:
     prompt_tokens: int  # estimated: decoded request text bytes / 4
     seed: int  # random per request; breaks exact ties so identical requests don't herd
     affinity: int | None = None  # the target this request's session used last, if any
+    #: Requests of this model routed before it (the scheduler's count): round robin's turn.
+    seq: int = 0
+    #: The prompt's root prefix hash (its chain's first link), None without one: prefix-hash.
+    root: int | None = None
 
 
 @dataclass(slots=True, kw_only=True, unsafe_hash=True)
@@ -966,10 +991,103 @@ def _explain_least_load(scored: _Scored) -> Explanation:
     return _explained(scored, why, parts)
 
 
+def _rotation(scored: _Scored) -> list[int]:
+    """The feasible indices in target id order (a rotation that does not depend on the
+    order the scheduler lists candidates in)."""
+    candidates = scored.candidates
+    return sorted(scored.feasible, key=lambda i: candidates[i].target_id)
+
+
+def _drawn(scored: _Scored, seed: int) -> list[int]:
+    """The feasible indices by seeded rank, lowest first (rendezvous: independent of order)."""
+    candidates = scored.candidates
+    return sorted(scored.feasible, key=lambda i: rank(seed, candidates[i].target_id))
+
+
+def _baseline(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig,
+              choose: Callable[[RouteReq, _Scored], tuple[int, str, Why]]) -> Decision:
+    """A baseline's decision: least-load's feasibility and utilization, ``choose``'s winner
+    (its index, the reason's lead and the §13 outcome)."""
+    scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
+    if not scored.feasible:
+        return _no_target(scored)
+    win, lead, why = choose(req, scored)
+    scored.tie = lead
+    return _decide(scored, win, lambda s: _explain_baseline(s, why))
+
+
+def _explain_baseline(scored: _Scored, why: Why) -> Explanation:
+    """A baseline's reason: how it chose (kept in ``tie``), the winner's state and
+    utilization."""
+    c, win = scored.candidates[scored.win], scored.win
+    if len(scored.feasible) == 1:
+        why = "only_choice"
+    parts = [scored.tie or "", _label(c), f"util {scored.util_at(win):.0%}"]
+    return _explained(scored, why, parts)
+
+
+def _choose_round_robin(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:
+    order = _rotation(scored)
+    turn = req.seq % len(order)
+    return order[turn], f"round robin turn {turn + 1} of {len(order)}", "baseline"
+
+
+def _choose_random(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:
+    return _drawn(scored, req.seed)[0], "random", "baseline"
+
+
+def _choose_p2c(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:
+    drawn = _drawn(scored, req.seed)
+    if len(drawn) == 1:
+        return drawn[0], "p2c", "only_choice"
+    a, b = drawn[0], drawn[1]
+    ua, ub = scored.util_at(a), scored.util_at(b)
+    if ub < ua:
+        return b, f"p2c: less utilized of 2 ({ub:.0%} vs {ua:.0%})", "least_loaded"
+    if ua < ub:
+        return a, f"p2c: less utilized of 2 ({ua:.0%} vs {ub:.0%})", "least_loaded"
+    return a, "p2c: equal utilization, first drawn", "baseline"
+
+
+def _choose_prefix_hash(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:
+    if req.root is None:
+        win, lead, why = _choose_p2c(req, scored)
+        return win, f"no root prefix, {lead}", why
+    candidates, root = scored.candidates, req.root & _MASK64
+    win = max(scored.feasible, key=lambda i: (rank(root, candidates[i].target_id),
+                                              -candidates[i].target_id))
+    return win, "prefix hash of the root", "baseline"
+
+
+def round_robin(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
+    """The feasible candidates in target id order, turn ``req.seq``."""
+    return _baseline(req, candidates, cfg, _choose_round_robin)
+
+
+def random_choice(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
+                  ) -> Decision:
+    """A feasible candidate drawn by the request's seed."""
+    return _baseline(req, candidates, cfg, _choose_random)
+
+
+def p2c(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
+    """The less utilized of two feasible candidates drawn by the request's seed."""
+    return _baseline(req, candidates, cfg, _choose_p2c)
+
+
+def prefix_hash(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
+    """Rendezvous hashing on the root prefix; ``p2c`` without one."""
+    return _baseline(req, candidates, cfg, _choose_prefix_hash)
+
+
 #: Policy name (config ``policy:``) to its function. Adding a policy means adding one function.
 POLICIES: Final[dict[str, Callable[[RouteReq, Sequence[Candidate], PolicyConfig], Decision]]] = {
     "cost": cost,
     "least-load": least_load,
+    "round-robin": round_robin,
+    "random": random_choice,
+    "p2c": p2c,
+    "prefix-hash": prefix_hash,
 }
 
 

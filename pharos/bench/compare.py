@@ -4,9 +4,11 @@ For each rate, each seed (a repetition with its own workload) and each policy, i
 that any drift of the machine over a long comparison falls on every policy alike: fresh engine
 doubles, and for a Pharos policy a fresh Pharos in front of them, then the same requests at the
 same times (one workload per rate and seed), the warm-up discarded, everything stopped, one
-result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The cache-blind
-baselines (``round-robin``, ``random``) and the peer baseline ``prefix-aware`` (production-stack's
-router) are the harness dispatching straight to the engines.
+result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The baselines
+``round-robin``, ``random``, ``p2c`` and ``prefix-hash`` are Pharos policies (issue 17): they
+go through Pharos like ``cost`` (same admission, fair queue, retries and overhead), so a
+comparison differs in the decision alone. Only the peer baseline ``prefix-aware``
+(production-stack's router) is the harness dispatching straight to the engines.
 Medians over seeds are the report's business.
 
 ``--instances N`` puts N Pharos instances in front of the engines (``--peers``: as each other's
@@ -48,8 +50,9 @@ from pharos.engine.library import OLLAMA
 from pharos.sim.double import KINDS
 from pharos.sim.workloads import Request, multi_model
 
-#: Every policy ``compare`` can run: the harness's baselines, then Pharos's own.
-ALL_POLICIES: tuple[str, ...] = (*DISPATCH, *POLICIES)
+#: Every policy ``compare`` can run: Pharos's own (baselines included), then the harness's
+#: dispatch baselines that Pharos has no policy for.
+ALL_POLICIES: tuple[str, ...] = (*POLICIES, *(d for d in DISPATCH if d not in POLICIES))
 #: The model name the vLLM and llama.cpp doubles serve unless told otherwise.
 DOUBLE_MODEL = "tiny"
 #: Default size of each model an Ollama double is given for the workload, GB.
@@ -147,7 +150,7 @@ class Comparison:
                               access=self.clients.access_yaml() if self.clients else None,
                               instances=a.instances, peers=a.peers, state_file=a.state_file)
             spec = replace(base, policy=policy,
-                           dispatch=policy if policy in DISPATCH else None)
+                           dispatch=policy if policy not in POLICIES else None)
             path = result_path(a.out, a.workload, rate, policy, seed)
             head = f"[{k}/{len(runs)}] {a.workload} rate {rate:g} seed {seed} {policy}"
             planned = {**spec.to_json(), "fleet": fleet.to_json(), **self._restart_spec()}
@@ -330,7 +333,7 @@ def main_compare(argv: Sequence[str], reactor: Any) -> int:
     if a.instances < 1:
         parser().error("--instances must be at least 1")
     multi = a.instances > 1 or a.peers or a.state_file or a.restart
-    baselines = [p for p in a.policies if p in DISPATCH]
+    baselines = [p for p in a.policies if p not in POLICIES]
     if multi and baselines:
         parser().error(f"--instances, --peers, --state-file and --restart are about Pharos "
                        f"instances: not for {', '.join(baselines)} (choose --policies from "

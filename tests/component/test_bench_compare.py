@@ -23,8 +23,9 @@ SMALL = ["--workload-arg", "prompt_tokens=[40,80]", "--workload-arg", "question_
 
 def test_compare_writes_a_result_per_policy_and_report_reads_them(tmp_path: Path) -> None:
     """Every policy gets a result file for the same requests at the same times, the Pharos
-    policies served through Pharos (``x-pharos-backend`` naming an engine) and the baselines
-    straight from the engines; every child process is gone afterwards; report writes
+    policies (the baselines round-robin, random, p2c and prefix-hash among them) served
+    through Pharos (``x-pharos-backend`` naming an engine) and only the peer baseline
+    prefix-aware straight from the engines; every child process is gone afterwards; report writes
     report.md with a table row per policy, computed winners, and both charts."""
     out = tmp_path / "results"
     proc = subprocess.Popen(
@@ -55,7 +56,7 @@ def test_compare_writes_a_result_per_policy_and_report_reads_them(tmp_path: Path
         assert all("messages" not in r for r in doc["records"])
         engines = set(spec["engine_urls"])
         assert {r["engine"] for r in doc["records"]} <= engines
-        via_pharos = policy in ("least-load", "cost")
+        via_pharos = policy != "prefix-aware"  # every baseline but the peer's goes through
         assert (spec["urls"] != spec["engine_urls"]) == via_pharos
         assert all((r["reason"] is not None) == via_pharos for r in doc["records"])
     leftovers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)

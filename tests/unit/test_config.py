@@ -266,12 +266,15 @@ def test_missing_required_field(text: str, error: str) -> None:
     """A required field left out names the field and the object that lacks it."""
     assert errors(text) == [error]
 
+#: Every policy name, as a refused ``policy:`` lists them.
+ONE_OF = "cost, least-load, round-robin, random, p2c, prefix-hash"
+
 
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("policy: fastest", "policy: expected one of cost, least-load, got 'fastest'"),
-        ("policy: 3", "policy: expected one of cost, least-load, got 3"),
+        ("policy: fastest", f"policy: expected one of {ONE_OF}, got 'fastest'"),
+        ("policy: 3", f"policy: expected one of {ONE_OF}, got 3"),
         (
             "backends: [{url: 'http://e:1', capacity: four}]",
             "backends[0].capacity: expected a positive integer, got 'four'",
@@ -460,7 +463,7 @@ def test_several_errors_all_reported() -> None:
         "top level: unknown field 'lissen'",
         "listen: expected :port, host:port, [ipv6]:port or a Twisted endpoint such as "
         "tcp:8090:interface=127.0.0.1, got 'nowhere'",
-        "policy: expected one of cost, least-load, got 'fastest'",
+        f"policy: expected one of {ONE_OF}, got 'fastest'",
         "backends[0]: missing required field 'url'",
         "backends[1].capacity: expected a positive integer, got 'four'",
         "backends[1].probes[0].name: 'vllm-running' is already a library probe's name",

@@ -497,7 +497,7 @@ def test_pick_dispatches_on_the_configured_policy() -> None:
     cands = [cand(1, free_slots=2), cand(2, warm=False)]
     assert pick(REQ, cands, COST) == cost(REQ, cands, COST)
     assert pick(REQ, cands, LEAST) == least_load(REQ, cands, LEAST)
-    assert set(policy.POLICIES) == {"cost", "least-load"}
+    assert {"cost", "least-load"} <= set(policy.POLICIES)
 
 
 def test_decision_scores_follow_candidate_order() -> None:
@@ -514,7 +514,7 @@ def test_decision_scores_follow_candidate_order() -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        {"name": "round-robin"},
+        {"name": "fastest"},
         {"prefill_sec_per_token_default": 0.0},
         {"load_sec_default": -1.0},
         {"service_sec_default": 0.0},
