@@ -38,7 +38,7 @@ from pharos.hot import UTILIZATION
 from pharos.policy import BOUNDED_LOAD_EPSILON, KV_PRESSURE_THRESHOLD
 from pharos.prefix import DEFAULT_CAPACITY
 
-Policy: TypeAlias = Literal["cost", "least-load"]
+Policy: TypeAlias = Literal["cost", "least-load", "round-robin", "random", "p2c", "prefix-hash"]
 BackendKind: TypeAlias = Literal[
     "auto", "ollama", "llamacpp", "llama-swap", "vllm", "sglang", "openai"
 ]
