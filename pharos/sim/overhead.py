@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pharos.bench.floor import ROUTERS, bench_floor, print_floor
 from pharos.sim.bench import machine, percentile
 
 
@@ -173,14 +174,43 @@ def bench_overhead(requests: int = 1000, body_kib: int = 32,
 
 
 def main_overhead(argv: list[str]) -> int:
-    """``pharos bench overhead [--requests N] [--json]``."""
+    """``pharos bench overhead [--requests N] [--json] [--floor ...]``."""
     p = argparse.ArgumentParser(prog="pharos bench overhead")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--body-kib", type=int, default=32)
     p.add_argument("--json", action="store_true")
     p.add_argument("--observe", action="store_true",
                    help="decision log on for every request and a live map reader connected")
+    f = p.add_argument_group(
+        "floor", "--floor: direct, twisted.web, twisted.web + Agent, Klein + treq and Pharos "
+        "on the same engine in one run, routers pinned to core 0 (pharos.bench.floor)")
+    f.add_argument("--floor", action="store_true")
+    f.add_argument("--clients", type=int, default=32, help="concurrent clients (closed loop)")
+    f.add_argument("--seconds", type=float, default=5.0, help="seconds per router per round")
+    f.add_argument("--rounds", type=int, default=3, help="interleaved rounds at --clients")
+    f.add_argument("--routers", default=",".join(ROUTERS),
+                   help=f"a comma-separated subset of {','.join(ROUTERS)}")
+    f.add_argument("--stream-tokens", type=int, default=0,
+                   help="also measure SSE gaps of a stream this long, direct and via Pharos")
+    f.add_argument("--stream-decode-ms", type=float, default=2.0)
+    f.add_argument("--streams", type=int, default=5, help="streams per path")
+    f.add_argument("--soak", type=int, default=0,
+                   help="then this many requests through Pharos: its RSS (35000: item 4)")
+    f.add_argument("--no-pin", action="store_true", help="no taskset")
     a = p.parse_args(argv)
+    if a.floor:
+        routers = tuple(r for r in a.routers.split(",") if r)
+        unknown = sorted(set(routers) - set(ROUTERS))
+        if unknown:
+            p.error(f"--routers: unknown {', '.join(unknown)}")
+        fr = bench_floor(a.requests, a.clients, a.seconds, a.rounds, routers,
+                         a.stream_tokens, a.stream_decode_ms, a.streams, a.soak,
+                         pin=not a.no_pin)
+        if a.json:
+            print(json.dumps(fr, indent=2))
+        else:
+            print_floor(fr)
+        return 0
     r = bench_overhead(a.requests, a.body_kib, a.observe)
     if a.json:
         print(json.dumps(r, indent=2))
