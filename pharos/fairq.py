@@ -127,13 +127,37 @@ class FairQueue(Generic[W]):
             for k in keys:
                 yield k.q[0]
 
+    def behind(self, head: W, limit: int) -> Iterator[W]:
+        """Up to ``limit`` waiters queued behind ``head`` in its key's FIFO, in order (the
+        scheduler lets one pass a head that cannot be placed: swap grouping)."""
+        k = self._tenants[head.tenant].keys[head.key]
+        for i, w in enumerate(k.q):
+            if i > limit:
+                return
+            if i:
+                yield w
+
+    def position(self, w: W) -> int | None:
+        """How many waiters are ahead of ``w`` in its key's FIFO; None if not queued."""
+        t = self._tenants.get(w.tenant)
+        k = t.keys.get(w.key) if t is not None else None
+        if k is None:
+            return None
+        for i, x in enumerate(k.q):
+            if x is w:
+                return i
+        return None
+
     def served(self, w: W) -> None:
-        """``w`` (a head from ``heads``) got its slot: it leaves, and its key and tenant are
-        charged its cost."""
+        """``w`` (a head from ``heads``, or one from ``behind`` passing it) got its slot: it
+        leaves, and its key and tenant are charged its cost."""
         t = self._tenants[w.tenant]
         k = t.keys[w.key]
-        assert k.q and k.q[0] is w, "only a head waiter is served"
-        k.q.popleft()
+        assert k.q, "only a queued waiter is served"
+        if k.q[0] is w:
+            k.q.popleft()
+        else:
+            k.q.remove(w)
         t.waiting -= 1
         self.waiting -= 1
         self._served_vt = t.vt

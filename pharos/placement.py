@@ -9,7 +9,11 @@ things kept here:
   ``LOAD_BYTES_PER_SEC_DEFAULT``;
 * ``ModelDemand``: each model's requests per second, a decaying count;
 * ``victims`` and ``reload_price``: which idle models a load pushes out (least recently used
-  first, as Ollama and the simulated engines unload) and what their next requests pay.
+  first, as Ollama and the simulated engines unload) and what their next requests pay;
+* ``ReplicaRule`` with ``replica_hold`` and ``swap_hold``: when a request for a model that is
+  warm somewhere queues for a warm slot instead of loading another copy (item 2), and when a
+  single-model host serves the queued requests of its loaded model before it swaps (item 4),
+  both within ``wait_bound_sec`` so no request (a tail model's) waits for ever.
 
 Pure: no clock (times are passed in), no I/O, bounded.
 """
@@ -97,16 +101,18 @@ class ModelDemand:
         self.capacity = capacity
         self._models: OrderedDict[str, tuple[float, float]] = OrderedDict()  # value, at
 
-    def add(self, model: str, now: float) -> None:
-        """A request for ``model`` was dispatched."""
-        value = self._decayed(model, now) + 1.0
+    def add(self, model: str, now: float, amount: float = 1.0) -> None:
+        """A request for ``model`` was dispatched (``amount``: 1 to count requests, its
+        expected slot-seconds to count slot demand, as ``pharos.hot`` does for roots)."""
+        value = self._decayed(model, now) + amount
         self._models.pop(model, None)
         self._models[model] = (value, now)
         while len(self._models) > self.capacity:
             self._models.popitem(last=False)
 
     def rate(self, model: str, now: float) -> float:
-        """Requests per second for ``model`` over the recent past."""
+        """Requests per second for ``model`` over the recent past (counted with slot-seconds:
+        the slots it keeps busy, by Little's law)."""
         return self._decayed(model, now) / self._tau
 
     def _decayed(self, model: str, now: float) -> float:
@@ -163,3 +169,86 @@ def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident]
         if size_bytes <= free:
             return out
     return None
+
+
+# --- item 2 and 4: replicas follow demand, single-model hosts group their swaps -------------
+
+#: A model warm on some hosts gets another only once its slot demand exceeds this share of
+#: their slots (``pharos.hot.UTILIZATION``'s 0.7, for the same reason: a queue builds well
+#: before a server is 100 % busy), or once waiting costs more than the load and its eviction.
+REPLICA_UTILIZATION: Final = 0.7
+#: The longest a request waits, for a warm slot or behind another model's queue on a
+#: single-model host, before a load is allowed for it (assumed: about ten loads of a 4 GB
+#: model; long enough to group a burst, short enough that a tail model is served).
+LOAD_WAIT_BOUND_SEC: Final = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRule:
+    """The placement rule's parameters (config ``routing.replica_utilization``,
+    ``routing.load_wait_bound_sec``, ``routing.swap_grouping``)."""
+
+    #: None: no demand rule (each decision's cost alone decides whether to load a copy).
+    utilization: float | None = REPLICA_UTILIZATION
+    wait_bound_sec: float = LOAD_WAIT_BOUND_SEC
+    swap_grouping: bool = True
+
+    def __post_init__(self) -> None:
+        if self.utilization is not None and not 0 < self.utilization <= 1:
+            raise ValueError("replica utilization must be within (0, 1] (or None: off)")
+        if not self.wait_bound_sec > 0:
+            raise ValueError("wait_bound_sec must be > 0")
+
+
+def _s(x: float) -> str:
+    return f"{x:.1f}s"
+
+
+def replica_hold(rule: ReplicaRule, demand: float, warm_slots: int, warm_wait: float,
+                 load_cost: float, waited: float) -> str | None:
+    """Whether a request for a model already warm on hosts with ``warm_slots`` slots should
+    queue for one of them instead of loading the model on another host: None lets the load
+    compete (the policy's cost decides), else the reason it waits.
+
+    Another copy is allowed when the model's slot demand (slot-seconds per second, decaying)
+    exceeds ``warm_slots × utilization``, when waiting for a warm slot (``warm_wait``, the
+    shortest estimate among the warm hosts) costs more than the cheapest load with its
+    eviction price (``load_cost``), or when the request has already waited
+    ``wait_bound_sec``. Otherwise the fleet is better off with the request waiting: the copy
+    would evict a model someone else asks for, and the model's demand does not need it."""
+    if rule.utilization is None or warm_slots <= 0 or waited >= rule.wait_bound_sec:
+        return None
+    served = warm_slots * rule.utilization
+    if demand > served or warm_wait > load_cost:
+        return None
+    return (f"queued for a warm slot: wait {_s(warm_wait)} < load+evict {_s(load_cost)}, "
+            f"demand {demand:.2f} <= {served:.2f} of {warm_slots} warm slots")
+
+
+def swap_hold(rule: ReplicaRule, loaded: str, loaded_waiting: int, waited: float,
+              batch: bool = False) -> str | None:
+    """Whether a load that would swap out ``loaded`` (a single-model host's model, or an idle
+    model the load evicts) waits while ``loaded_waiting`` requests for it are queued: they
+    are served first (a swap now and one back later is two loads for nothing), until this
+    request has waited ``wait_bound_sec``; past it, only while ``batch``: requests for the
+    loaded model queued before the host swapped to it (under overload every waiter is past
+    the bound, and serving the oldest first is FIFO again, a swap per request). None: swap
+    now."""
+    if not rule.swap_grouping or loaded_waiting <= 0:
+        return None
+    if waited < rule.wait_bound_sec:
+        return (f"swap held: {loaded_waiting} queued for loaded {loaded} first "
+                f"(waited {_s(waited)} of {_s(rule.wait_bound_sec)})")
+    if batch:
+        return (f"swap held: {loaded} serves the requests queued before it loaded first "
+                f"(waited {_s(waited)}, past the {_s(rule.wait_bound_sec)} bound)")
+    return None
+
+
+def drain_hold(rule: ReplicaRule, starving: str, waited: float) -> str | None:
+    """A request for ``starving`` has waited ``waited`` for a host busy with another model:
+    past ``wait_bound_sec`` that host takes no more of the other model's requests, so it
+    drains and the load goes ahead. None: not yet."""
+    if waited < rule.wait_bound_sec:
+        return None
+    return f"held for a swap to {starving} (waited {_s(waited)} >= {_s(rule.wait_bound_sec)})"

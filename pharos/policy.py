@@ -201,6 +201,13 @@ class Candidate:
     #: How ``load_sec`` was estimated when no load was measured on the target (a
     #: ``Score.fallbacks`` entry, e.g. ``load_sec=size/host``); None: measured, or unknown.
     load_basis: str | None = None
+    #: Why the scheduler holds this candidate back for now (``pharos.placement``: a request
+    #: queued for a warm slot instead of loading another copy, a swap held while the loaded
+    #: model's requests are queued, a host draining for a swap): set aside with this reason.
+    held: str | None = None
+    #: The backend's calibrated prefill cost (a, b, d): ``P(u, c) = a·u + b·u·(c + u/2) + d``
+    #: (``backends[].cost_model``), used instead of ``prefill_sec_per_token``; None: learned.
+    prefill_model: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +359,14 @@ class Decision:
                 f"reason={self.reason!r}, why={self.why!r}, guards={self.guards!r})")
 
 
+
+def _calibrated(model: tuple[float, float, float], uncached: int, cached: int) -> float:
+    """``P(u, c)`` of a calibrated backend; nothing to compute costs nothing."""
+    if uncached <= 0:
+        return 0.0
+    a, b, d = model
+    return a * uncached + b * uncached * (cached + uncached / 2) + d
+
 def _median(values: list[float]) -> float:
     values.sort()
     n = len(values)
@@ -500,15 +515,21 @@ class _Fleet:
                 fallbacks = (*fallbacks, c.load_basis)
             load = load_sec
             reload = c.reload_sec
+        if c.held is not None:
+            set_aside = c.held
 
         prompt = self.prompt
         matched = _matched(c.matched_tokens, prompt)
         per_token = c.prefill_sec_per_token
-        if per_token is None:
+        model = c.prefill_model
+        if model is not None:
+            per_token = model[0] + model[1] * prompt / 2  # a whole prompt's mean, for guards
+        elif per_token is None:
             per_token, note = self.prefill_sec_per_token()
             if prompt > 0:
                 fallbacks = (*fallbacks, note)
-        prefill = (prompt - matched) * per_token
+        prefill = (prompt - matched) * per_token if model is None else _calibrated(
+            model, prompt - matched, matched)
         kv_free = c.kv_free_tokens
         if free > 0 and kv_free is not None and prompt - matched > kv_free:
             service = c.service_sec
@@ -629,6 +650,9 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         if capacity < 1:
             raise _capacity_error(c)
         free = c.free_slots
+        if c.held is not None:
+            aside[c.held] = aside.get(c.held, 0) + 1
+            continue
 
         if c.warm is False and not c.loading:
             if c.fits_if_cold is False:
@@ -663,11 +687,15 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         elif matched < 0:
             matched = 0
         per_token = c.prefill_sec_per_token
-        if per_token is None:
+        model = c.prefill_model
+        if model is not None:
+            per_token = model[0] + model[1] * prompt / 2
+        elif per_token is None:
             if per_token_median < 0:
                 per_token_median = fleet.prefill_sec_per_token()[0]
             per_token = per_token_median
-        prefill = (prompt - matched) * per_token
+        prefill = (prompt - matched) * per_token if model is None else _calibrated(
+            model, prompt - matched, matched)
         kv_free = c.kv_free_tokens
         if free > 0 and kv_free is not None and prompt - matched > kv_free:
             service = c.service_sec
@@ -712,7 +740,9 @@ def _select_least_load(fleet: _Fleet) -> _Scored:
         if capacity < 1:
             raise _capacity_error(c)
         utils[i] = (capacity - c.free_slots + c.queue_ahead) / capacity
-        if c.warm is False and not c.loading and c.fits_if_cold is False:
+        if c.held is not None:
+            aside[c.held] = aside.get(c.held, 0) + 1
+        elif c.warm is False and not c.loading and c.fits_if_cold is False:
             aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
         elif c.inflight >= bound and _over_bound(c.inflight, capacity, bound):
             aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1

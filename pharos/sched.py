@@ -203,7 +203,7 @@ class Guards:
     eviction_pricing: bool = True
     #: Model placement (issue 15): replicas follow demand, single-model hosts group swaps,
     #: within a wait bound (``pharos.placement.ReplicaRule``; the cost policy only).
-    placement: ReplicaRule = ReplicaRule()
+    placement: ReplicaRule = field(default_factory=ReplicaRule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +280,8 @@ class Lease:
         if not self.started:
             self.started = True
             self.sched.unqueue(self)
+        if sample is not None and not sample.ok and self.cold and not sample.control:
+            self.sched.failed_load(t)
         if sample is not None:
             load = load_sample(t.stats, sample)  # before feedback moves the prefill speed
             self.sched.state.feedback(t, sample)
@@ -338,9 +340,10 @@ class Scheduler:
         #: Each model's slot demand (slot-seconds per second, as ``hot`` counts roots): how
         #: many slots it keeps busy, for the replica rule (``placement.replica_hold``).
         self.slot_demand = ModelDemand()
-        #: Per host (URL), the model last dispatched there and when: on a host that holds one
-        #: model at a time it is the loaded one until a round says otherwise.
-        self.host_model: dict[str, tuple[str, float]] = {}
+        #: Per host (URL), the model last dispatched there, when, and since when it has been
+        #: the one dispatched (its swap-in): on a host that holds one model at a time it is the
+        #: loaded one until a round says otherwise.
+        self.host_model: dict[str, tuple[str, float, float]] = {}
         #: Targets whose load failed, with their host's full round then: no load is tried
         #: there again until the next full round.
         self.load_failed: dict[int, int] = {}
@@ -564,7 +567,9 @@ class Scheduler:
         now = self.state.clock.seconds()
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
-        self.host_model[target.backend.url] = (target.model, now)
+        hm = self.host_model.get(target.backend.url)
+        self.host_model[target.backend.url] = (
+            target.model, now, hm[2] if hm is not None and hm[0] == target.model else now)
         lease.root_ahead = self._dispatched(req, target)
         if self.on_route is not None:
             self.on_route(req, placed)
@@ -849,11 +854,20 @@ class Scheduler:
         decision = pick(route, cands, req.policy or self.policy)
         return Placement(decision, tuple(cands), cold, matches, owners, affinity, route)
 
-    def _swapped_out(self, t: Target, v: View, host: tuple[str, float]) -> bool:
+    def failed_load(self, t: Target) -> None:
+        """A cold dispatch to ``t`` failed: its host is not asked to load the model again
+        until its next full round (``_holds``), and its last model is no longer taken as
+        this one."""
+        self.load_failed[t.id] = t.backend.full_round
+        hm = self.host_model.get(t.backend.url)
+        if hm is not None and hm[0] == t.model:
+            del self.host_model[t.backend.url]
+
+    def _swapped_out(self, t: Target, v: View, host: tuple[str, float, float]) -> bool:
         """A later dispatch of another model to ``t``'s host (``host_model``), not yet seen
         by a round, pushed ``t``'s model out: the host holds one model at a time (llama-swap)
         or the two do not fit in its memory together."""
-        model, at = host
+        model, at, _ = host
         b = t.backend
         if b.full_at is not None and b.full_at > at:
             return False  # a round since has said what is loaded
@@ -882,14 +896,15 @@ class Scheduler:
         fleet (``placement.replica_hold``); and a swap waits while the model it pushes out
         has requests queued (``placement.swap_hold``)."""
         rule, targets = self.guards.placement, self.state.targets
-        drains = self._drains(req.model, now)
+        drains = self._drains(now) if self._model_waiters else {}
         out: list[Candidate] = []
         for c in cands:
             t = targets[c.target_id]
             note = None
             if cold[c.target_id] and self.load_failed.get(t.id) == t.backend.full_round:
                 note = "load failed here this round (tried again after the next round)"
-            elif (d := drains.get(t.backend.url)) is not None:
+            elif ((d := drains.get(t.backend.url)) is not None and d[0] != req.model
+                  and not self._in_batch(t.backend.url, req.model, now - waited)):
                 note = drain_hold(rule, *d)
             out.append(dataclasses.replace(c, held=note) if note else c)
         warm = [c for c in out if not cold[c.target_id] and c.held is None]
@@ -912,10 +927,14 @@ class Scheduler:
             if note is not None:
                 held[c.target_id] = note
                 continue
+            url = targets[c.target_id].backend.url
             for victim in c.victims:
                 n = self._waiting_models.get(victim, 0) + (
                     self.peer_waiting(victim) if self.peers else 0)
-                swap = swap_hold(rule, victim, n, waited)
+                waiters = self._model_waiters.get(victim)
+                batch = bool(waiters) and self._in_batch(
+                    url, victim, next(iter(waiters.values())) if waiters else now)
+                swap = swap_hold(rule, victim, n, waited, batch)
                 if swap is not None:
                     held[c.target_id] = swap
                     break
@@ -924,23 +943,42 @@ class Scheduler:
         return [dataclasses.replace(c, held=held[c.target_id]) if c.target_id in held else c
                 for c in out]
 
-    def _drains(self, model: str, now: float) -> dict[str, tuple[str, float]]:
-        """Hosts draining for a swap: per model other than ``model`` whose oldest waiter has
-        waited past the bound with no host it can load on now, the host it gets (the one
+    def _in_batch(self, url: str, model: str, queued_at: float) -> bool:
+        """A request for ``model`` that queued at ``queued_at`` is in the batch of the host's
+        loaded model: it is that model, and the request queued before the host swapped to it.
+        Past the wait bound, a model that drained a host keeps it for its batch (then the
+        longest waiting model gets it), so swaps stay grouped under overload while every
+        request's wait stays bounded (by the bound and the batches ahead of it)."""
+        hm = self.host_model.get(url)
+        return hm is not None and hm[0] == model and queued_at <= hm[2]
+
+    def _drains(self, now: float) -> dict[str, tuple[str, float]]:
+        """Hosts draining for a swap: per model whose oldest waiter has
+        waited past the bound with no host it can load on now (and is its key's head, or
+        within reach of swap grouping's passing), the host it gets (the one
         with the fewest requests in flight, then the lowest target id), with that model and
-        the wait. A request for another model is held off that host until the load goes."""
-        bound = self.guards.placement.wait_bound_sec
+        the wait; the longest waiting first. A request for another model is held off that
+        host until the load goes."""
+        rule = self.guards.placement
+        bound = rule.wait_bound_sec
+        reach = PASS_LIMIT if rule.swap_grouping else 0
         out: dict[str, tuple[str, float]] = {}
+        starving = []
         for other, waiters in self._model_waiters.items():
-            if other == model or not waiters:
-                continue
-            waited = now - next(iter(waiters.values()))
-            if waited < bound:
-                continue
+            oldest, since = next(iter(waiters.items()))
+            if now - since >= bound:
+                starving.append((since, other, oldest))
+        for since, other, oldest in sorted(starving, key=lambda x: x[0]):
+            waited = now - since
+            ahead = self.queue.position(oldest)
+            if ahead is None or ahead > reach:
+                continue  # behind its own key's head: not placeable, so nothing to drain for
             best: tuple[int, int, str] | None = None
             for t in self.state.targets_for(other):
                 v = self.state.view_at(t, now)
-                if v.residency is not Residency.COLD or t.inflight:
+                hm = self.host_model.get(t.backend.url)
+                if t.inflight or (v.residency in (Residency.LOADED, Residency.LOADING) and not (
+                        hm is not None and hm[0] != t.model and self._swapped_out(t, v, hm))):
                     best = None
                     break  # warm somewhere: it waits for a slot, not for a swap
                 busy = sum(o.inflight for o in self.state.targets if o.backend is t.backend)
@@ -978,8 +1016,10 @@ class Scheduler:
         t = self.state.targets[c.target_id]
         memory_gb = t.backend.spec.memory_gb
         size = self.state.view_at(t, now).size_bytes
-        if memory_gb is None or size is None:
+        single = t.backend.kind == LLAMASWAP
+        if not single and (memory_gb is None or size is None):
             return c
+        hm = self.host_model.get(t.backend.url)
         resident: list[Resident] = []
         by_model: dict[str, Target] = {}
         for o in self.state.targets:
@@ -995,7 +1035,21 @@ class Scheduler:
                 idle=not inflight and ov.residency is Residency.LOADED,
                 last_used=(o.last_release_at if o.last_release_at is not None
                            else -math.inf)))
-        out = victims(size, memory_gb * 1e9, resident)
+        if hm is not None and hm[0] != t.model and hm[0] not in by_model and (
+                t.backend.full_at is None or t.backend.full_at <= hm[1]):
+            # Dispatched there since the last round: loaded, whatever the round said.
+            h = next((o for o in self.state.targets_for(hm[0]) if o.backend is t.backend), None)
+            if h is not None:
+                hv = self.state.view_at(h, now)
+                by_model[h.model] = h
+                resident.append(Resident(h.model, hv.vram_bytes or hv.size_bytes or 0,
+                                         idle=not h.inflight, last_used=hm[1]))
+        out: list[Resident] | None
+        if single:  # one model at a time: a load pushes out every other
+            out = resident if all(r.idle for r in resident) else None
+        else:
+            assert memory_gb is not None and size is not None
+            out = victims(size, memory_gb * 1e9, resident)
         if not out:
             return c
         price = 0.0
@@ -1257,6 +1311,9 @@ class Scheduler:
         """Whether the model fits in the host's memory beside the models that have requests
         in flight (idle loaded models are evictable). Unknown without a size or memory_gb."""
         memory_gb = t.backend.spec.memory_gb
+        if t.backend.kind == LLAMASWAP:  # one model at a time: not beside a busy one
+            return not any(o.inflight > 0 for o in self.state.targets
+                           if o.backend is t.backend and o is not t)
         if size is None or memory_gb is None:
             return None
         busy = 0

@@ -685,6 +685,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "inflight": st.integers(0, 8),
     "victims": st.lists(st.sampled_from(["a", "b"]), max_size=2).map(tuple),
     "load_basis": _opt(st.sampled_from(["load_sec=size/host", "load_sec=size/default"])),
+    "held": _opt(st.sampled_from(["queued for a warm slot", "swap held"])),
 }
 BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "int": st.integers(0, 10_000),
