@@ -160,6 +160,11 @@ class FakeReactor(Clock):
         self.spawned.append((proto, args, childFDs))
 
 
+def signals(proto: Any) -> list[str]:
+    sent: list[str] = proto.transport.signals
+    return sent
+
+
 def crash(proto: Any) -> None:
     proto.processEnded(Failure(ProcessTerminated(exitCode=None, signal=9)))
 
@@ -200,10 +205,10 @@ def test_supervisor_passes_sockets_and_restarts_a_crashed_worker_with_backoff(
         assert sup.restarts[1].getTime() - reactor.seconds() == RESTART_MIN
         reactor.advance(RESTART_MIN)
         sup.reload_all()
-        assert all(p.transport.signals == ["HUP"] for p in sup.workers.values())
+        assert all(signals(p) == ["HUP"] for p in sup.workers.values())
     finally:
         d = sup.stopService()
-    assert all(p.transport.signals[-1] == "TERM" for p in sup.workers.values())
+    assert all(signals(p)[-1] == "TERM" for p in sup.workers.values())
     before = len(reactor.spawned)
     for proto in list(sup.workers.values()):
         crash(proto)
