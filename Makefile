@@ -15,7 +15,14 @@ $(STAMP): setup.cfg pyproject.toml
 		--config-settings editable_mode=compat -e '.[test,dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The Node clients the client tests drive (tests/clients/package.json, exact versions in its
+# package-lock.json); npm ci needs node and npm (Debian: apt-get install nodejs npm).
+NODE_STAMP := tests/clients/node_modules/.installed-stamp
+$(NODE_STAMP): tests/clients/package.json tests/clients/package-lock.json
+	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
+install: $(STAMP) $(NODE_STAMP)
 
 # Pharos on 127.0.0.1:8090 in front of three simulated engines (Ctrl-C stops it).
 demo: install
