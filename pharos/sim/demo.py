@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IListeningPort
 
 from pharos.config import Backend, Config, Listen
 from pharos.sim.double import EngineDouble, start_double
+
+if TYPE_CHECKING:
+    from pharos.tap import PharosService
 
 #: Where the demo listens.
 DEMO_LISTEN = "127.0.0.1:8090"
@@ -30,10 +34,6 @@ class SimulatedFleet(Service):
         self.doubles = doubles
         self.ports = ports
 
-    def startService(self) -> None:
-        super().startService()
-        print(CURL_HINT, file=sys.stderr)
-
     def stopService(self) -> None:
         super().stopService()
         for d in self.doubles:
@@ -42,13 +42,45 @@ class SimulatedFleet(Service):
             p.stopListening()
 
 
-CURL_HINT = (
-    "Pharos demo on http://127.0.0.1:8090 in front of three simulated engines. Try:\n"
-    "  curl -N http://127.0.0.1:8090/v1/chat/completions -H 'content-type: application/json'"
-    " -d '{\"model\":\"llama3.2:3b\",\"stream\":true,"
-    "\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n"
-    "  curl http://127.0.0.1:8090/v1/models\n"
-)
+def curl_hint(port: int | None) -> str:
+    """What the demo shows a newcomer once it serves: where, and two requests to try."""
+    base = f"http://127.0.0.1:{port or 8090}"
+    return (
+        f"\nPharos demo on {base} in front of three simulated engines. Try:\n"
+        f"  curl -N {base}/v1/chat/completions -H 'content-type: application/json'"
+        " -d '{\"model\":\"llama3.2:3b\",\"stream\":true,"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n"
+        f"  curl {base}/v1/models\n"
+        f"  open {base}/status in a browser\n\n"
+    )
+
+
+class ReadyHint(Service):
+    """Prints ``curl_hint`` once, when Pharos is ready: restored and its public listener open
+    (not before the fleet answers, not when the port could not be bound). It goes to the
+    process's real standard output, where ``twistd -n`` writes its log, as plain lines: under
+    twistd, ``print`` (``sys.stdout``/``sys.stderr``) would become ``[stdout#info]`` or
+    ``[stderr#error]`` log events."""
+
+    def __init__(self, pharos: PharosService, out: TextIO | None = None) -> None:
+        self.pharos = pharos
+        self.out = out
+
+    def startService(self) -> None:
+        super().startService()
+        starting = self.pharos.starting
+        if starting is not None:
+            starting.addBoth(self._show)
+
+    def _show(self, result: object) -> object:
+        p = self.pharos
+        listener = p.public_listener
+        if p.health.restored and not p.stopping and listener is not None and listener.running:
+            out = self.out or sys.__stdout__
+            if out is not None:
+                out.write(curl_hint(p.config.listen.port()))
+                out.flush()
+        return result
 
 
 def demo_service(reactor: Any, config: Config | None = None) -> IService:
@@ -70,7 +102,28 @@ def demo_service(reactor: Any, config: Config | None = None) -> IService:
     backends.append(Backend(url=d.url, kind="vllm"))
     base = config or Config(listen=Listen(DEMO_LISTEN))
     cfg = dataclasses.replace(base, backends=tuple(backends))
-    top = MultiService()
-    SimulatedFleet(doubles, ports).setServiceParent(top)
-    build(cfg, reactor).setServiceParent(top)
+    top = _Demo()
+    top.fleet = SimulatedFleet(doubles, ports)
+    top.fleet.setServiceParent(top)
+    top.pharos = build(cfg, reactor)
+    top.pharos.setServiceParent(top)
+    ReadyHint(top.pharos).setServiceParent(top)  # started after Pharos: ``starting`` is set
     return top
+
+
+class _Demo(MultiService):
+    """The demo's top: on stop, Pharos drains in front of a live fleet, and only then do the
+    engine doubles stop (MultiService would stop them at once, and Pharos would report its
+    engines unreachable and ejected while draining)."""
+
+    fleet: SimulatedFleet
+    pharos: PharosService
+
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
+        for child in self:
+            if child is not self.pharos and child is not self.fleet:
+                child.stopService()
+        d = maybeDeferred(self.pharos.stopService)
+        d.addBoth(lambda _: self.fleet.stopService())
+        return d
