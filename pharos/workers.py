@@ -59,6 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from twisted.application.internet import TimerService
 from twisted.application.service import IService, Service
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import ProcessProtocol
@@ -72,10 +73,13 @@ from pharos.config import LISTEN_BACKLOG, Config, Listen, Peers, Usage
 
 log = Logger()
 
-#: Seconds between deltas from one worker to another: loopback is cheap, and a reservation
-#: or prefix record must reach the siblings before the next request for the same key or
-#: conversation is likely to arrive (a mesh across machines uses ``pharos.peer.node.TICK``).
-WORKER_TICK: Final = 0.02
+#: Seconds between deltas from one worker to another (a mesh across machines uses
+#: ``pharos.peer.node.TICK``, 0.2 s): a reservation must reach the siblings before the next
+#: request for the same key is likely to arrive, or the daily budget is passed by more than
+#: one in-flight request per worker. Each delta costs CPU on both sides (measured idle on the
+#: 2-core VM, 2026-12-02: 8.8 % of a core per worker at 20 ms, 5.5 % at 50 ms, against 0.2 %
+#: for one process), so this is the trade: requests shorter than it may overshoot a budget.
+WORKER_TICK: Final = 0.05
 #: Restart backoff: the first restart after this many seconds, doubling up to the maximum.
 RESTART_MIN: Final = 1.0
 RESTART_MAX: Final = 30.0
@@ -87,6 +91,14 @@ METRICS_TIMEOUT: Final = 2.0
 ORPHAN_CHECK: Final = 1.0
 #: Seconds past the drain's own timeout and grace before a worker that has not ended is killed.
 STOP_MARGIN: Final = 30.0
+#: How the workers share the public port (``PHAROS_WORKERS_LISTEN``, for benchmarks; see
+#: ``contrib/bench/workers-2026-12-02``): ``shared``, one socket, each worker accepting one
+#: connection per wake-up, so the worker that wakes first (the less busy one) takes the next
+#: connection; ``shared-burst``, the same socket with Twisted's accept loop (up to 100
+#: connections per wake-up: a burst of keep-alive clients lands on one worker); ``reuseport``,
+#: a socket per worker with SO_REUSEPORT, the kernel spreading connections by address hash.
+LISTEN_MODES: Final = ("shared", "shared-burst", "reuseport")
+DEFAULT_LISTEN_MODE: Final = "shared"
 #: The descriptors a worker finds its public and peer listeners on.
 PUBLIC_FD: Final = 3
 PEER_FD: Final = 4
@@ -112,6 +124,9 @@ class WorkerSpec:
     members: tuple[str, ...]  # every worker's peer address, by index
     secret_file: str
     supervisor: int  # its pid: a worker whose parent changes stops
+    mode: str = DEFAULT_LISTEN_MODE  # one of LISTEN_MODES
+    host: str = ""  # the public address (``reuseport``: each worker binds it)
+    port: int = 0
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -121,7 +136,9 @@ class WorkerSpec:
         raw = json.loads(text)
         return cls(index=int(raw["index"]), count=int(raw["count"]), family=int(raw["family"]),
                    members=tuple(str(m) for m in raw["members"]),
-                   secret_file=str(raw["secret_file"]), supervisor=int(raw["supervisor"]))
+                   secret_file=str(raw["secret_file"]), supervisor=int(raw["supervisor"]),
+                   mode=str(raw.get("mode", DEFAULT_LISTEN_MODE)), host=str(raw.get("host", "")),
+                   port=int(raw.get("port", 0)))
 
 
 def worker_path(path: str, index: int) -> str:
@@ -224,6 +241,13 @@ class Supervisor(Service):
         self.tmp: str | None = None
         self.secret_file = ""
         self.family: int = socket.AF_INET
+        self.host = ""
+        self.port = 0
+        mode = os.environ.get("PHAROS_WORKERS_LISTEN", DEFAULT_LISTEN_MODE)
+        if mode not in LISTEN_MODES:
+            raise WorkerError(f"PHAROS_WORKERS_LISTEN is one of {', '.join(LISTEN_MODES)}, "
+                              f"not {mode!r}")
+        self.mode = mode
 
     # --- sockets -----------------------------------------------------------------------
 
@@ -234,12 +258,19 @@ class Supervisor(Service):
 
         super().privilegedStartService()
         family, host, port = public_address(self.config)
-        self.family = family
+        self.family, self.host = family, host
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-            s.listen(LISTEN_BACKLOG)
+            if self.mode == "reuseport":
+                # Bound, never listening: the port is held (and a busy one fails the start)
+                # while the workers' own sockets, bound beside it, take the connections.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                s.bind((host, port))
+            else:
+                s.bind((host, port))
+                s.listen(LISTEN_BACKLOG)
+            self.port = s.getsockname()[1]
         except OSError as e:
             s.close()
             raise ListenError(_listen_error(CannotListenError(host, port, e))) from None
@@ -281,16 +312,16 @@ class Supervisor(Service):
         if self.stopping or self.public is None:
             return
         spec = WorkerSpec(index, self.count, self.family, self.members(), self.secret_file,
-                          os.getpid())
+                          os.getpid(), self.mode, self.host, self.port)
         args = [*self.argv0, "-n", "--pidfile=", "pharos", "-c", self.config_path,
                 "--log-level", self.log_level, "--worker", spec.encode()]
         proto = _Worker(self, index, self.reactor.seconds())
         self.workers[index] = proto
         self.starts[index] = self.starts.get(index, 0) + 1
-        self.reactor.spawnProcess(
-            proto, args[0], args, env=dict(os.environ),
-            childFDs={0: "w", 1: "r", 2: "r", PUBLIC_FD: self.public.fileno(),
-                      PEER_FD: self.peers[index].fileno()})
+        fds: dict[int, Any] = {0: "w", 1: "r", 2: "r", PEER_FD: self.peers[index].fileno()}
+        if self.mode != "reuseport":
+            fds[PUBLIC_FD] = self.public.fileno()
+        self.reactor.spawnProcess(proto, args[0], args, env=dict(os.environ), childFDs=fds)
         log.info("worker {index} started (pid {pid}, start {n})", index=index, pid=proto.pid,
                  n=self.starts[index])
 
@@ -372,22 +403,58 @@ class Supervisor(Service):
 # --- a worker --------------------------------------------------------------------------------
 
 
-class AdoptedPort(Service):
-    """A listener on an inherited listening socket: adopted when started, closed when
-    stopped (the drain), the inherited descriptor closed once adopted."""
+class _OneAcceptPort(tcp.Port):
+    """A listening port that accepts one connection per wake-up (``shared`` mode): every
+    worker is woken for a new connection on the shared socket and the first to get there
+    takes it, so connections go to the worker with time to spare, not all of a burst to
+    whichever woke first."""
 
-    def __init__(self, reactor: Any, fd: int, family: int, factory: Site) -> None:
+    @property
+    def numberAccepts(self) -> int:
+        return 1
+
+    @numberAccepts.setter
+    def numberAccepts(self, value: int) -> None:
+        pass
+
+
+class AdoptedPort(Service):
+    """A listener on an inherited listening socket (or, ``reuseport``, a socket of its own
+    bound beside the supervisor's): opened when started, closed when stopped (the drain),
+    the inherited descriptor closed once adopted."""
+
+    def __init__(self, reactor: Any, fd: int, family: int, factory: Site,
+                 mode: str = "shared-burst", address: tuple[str, int] | None = None) -> None:
         self.reactor = reactor
         self.fd = fd
         self.family = family
         self.factory = factory
+        self.mode = mode
+        self.address = address
         self.port: Any = None
 
     def startService(self) -> None:
         super().startService()
-        if self.port is None:
+        if self.port is not None:
+            return
+        if self.mode == "reuseport":
+            assert self.address is not None
+            s = socket.socket(self.family, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(self.address)
+            s.listen(LISTEN_BACKLOG)
+            s.setblocking(False)
+            self.port = self.reactor.adoptStreamPort(s.fileno(), self.family, self.factory)
+            s.close()
+            return
+        if self.mode == "shared":
+            self.port = _OneAcceptPort._fromListeningDescriptor(
+                self.reactor, self.fd, self.family, self.factory)
+            self.port.startListening()
+        else:
             self.port = self.reactor.adoptStreamPort(self.fd, self.family, self.factory)
-            os.close(self.fd)
+        os.close(self.fd)
 
     def stopService(self) -> Deferred[None] | None:
         super().stopService()
@@ -559,7 +626,8 @@ def worker_service(config: Config, config_path: str, spec_text: str, reactor: An
     def listen(description: str, site: Site) -> IService:
         if description == PUBLIC_ADOPTED:
             holder["public"] = site
-            return AdoptedPort(reactor, PUBLIC_FD, spec.family, site)
+            return AdoptedPort(reactor, PUBLIC_FD, spec.family, site, spec.mode,
+                               (spec.host, spec.port))
         if description == PEER_ADOPTED:
             holder["peer"] = site
             site.log = lambda request: None  # type: ignore[method-assign]  # deltas: 50/s

@@ -165,7 +165,7 @@ def engine() -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen([PHAROS, "sim-engine", "--kind", "vllm", "--port", str(port),
                              "--model", "tiny", "--slots", "8", "--prefill-ms", "0",
-                             "--decode-ms", "25", "--max-tokens", str(MAX_TOKENS)],
+                             "--decode-ms", "60", "--max-tokens", str(MAX_TOKENS)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for("the engine", lambda: get(port, "/v1/models")[0] == 200)

@@ -74,8 +74,33 @@ def test_workers_change_needs_a_restart() -> None:
 
 def test_spec_round_trips() -> None:
     """The ``--worker`` JSON decodes to the spec the supervisor encoded."""
-    spec = WorkerSpec(1, 2, socket.AF_INET, ("127.0.0.1:1", "127.0.0.1:2"), "/s", 42)
+    spec = WorkerSpec(1, 2, socket.AF_INET, ("127.0.0.1:1", "127.0.0.1:2"), "/s", 42,
+                      "reuseport", "127.0.0.1", 8090)
     assert WorkerSpec.decode(spec.encode()) == spec
+
+
+def test_reuseport_mode_holds_the_port_and_passes_no_socket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``PHAROS_WORKERS_LISTEN=reuseport`` the supervisor holds the port bound (not
+    listening) and each worker is told the address to bind beside it, with no fd 3; an
+    unknown mode is refused, naming the variable."""
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: 127.0.0.1:0\nworkers: 2\n")
+    monkeypatch.setenv("PHAROS_WORKERS_LISTEN", "reuseport")
+    reactor = FakeReactor()
+    sup = Supervisor(cfg.load_config(path), str(path), reactor, argv0=["twistd"])
+    sup.startService()
+    try:
+        for _, args, fds in reactor.spawned:
+            assert PUBLIC_FD not in fds
+            spec = WorkerSpec.decode(args[args.index("--worker") + 1])
+            assert (spec.mode, spec.host) == ("reuseport", "127.0.0.1")
+            assert spec.port == sup.port != 0
+    finally:
+        sup.stopService()
+    monkeypatch.setenv("PHAROS_WORKERS_LISTEN", "fastest")
+    with pytest.raises(WorkerError, match="PHAROS_WORKERS_LISTEN"):
+        Supervisor(cfg.load_config(path), str(path), FakeReactor(), argv0=["twistd"])
 
 
 def test_worker_config_adopts_listeners_and_splits_paths() -> None:
