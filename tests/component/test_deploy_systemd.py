@@ -8,7 +8,9 @@ rotating the log, and ``logrotate`` (where installed) driving that rotation.
 from __future__ import annotations
 
 import datetime
+import grp
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -210,12 +212,15 @@ def test_sigusr1_rotates_the_daemons_log(tmp_path: Path) -> None:
                     reason="logrotate is not installed (Debian's logrotate); .ci/run installs it")
 def test_logrotate_snippet_rotates_a_running_daemon(tmp_path: Path) -> None:
     """contrib/logrotate/pharos, forced once against a running daemon (its paths moved under
-    a temporary directory): the start-up lines end in pharos.log-YYYYMMDD, closed by twistd
-    on the signal; new lines go to a new pharos.log; the empty pharos.log.1 is removed."""
+    a temporary directory, its ``su`` user the test's): the start-up lines end in
+    pharos.log-YYYYMMDD, closed by twistd on the signal; new lines go to a new pharos.log; the
+    empty pharos.log.1 is removed."""
     conf = tmp_path / "logrotate.conf"
     text = LOGROTATE.read_text()
     assert "/var/log/pharos/" in text and "/run/pharos/pharos.pid" in text
-    text = text.replace("/var/log/pharos", str(tmp_path))
+    assert "\n    su pharos pharos\n" in text
+    me = f"su {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name}"
+    text = text.replace("su pharos pharos", me).replace("/var/log/pharos", str(tmp_path))
     conf.write_text(text.replace("/run/pharos/pharos.pid", str(tmp_path / "pharos.pid")))
     conf.chmod(0o644)
     with daemon(tmp_path) as (pid, logfile):
