@@ -265,6 +265,18 @@ class RootCaches:
                 rows.append(RootsRow(key, retained, learned_at, tuple(roots[i:i + ROW_ROOTS])))
         return rows
 
+    def export_retention(self, key_of: Callable[[int], str | None]) -> list[RootsRow]:
+        """Each target's learned retention and when it was learned, without roots: what peers
+        send every tick (``merge`` takes the one learned last), so every instance prices and
+        drops stale predictions on what all replies taught, not a third of them."""
+        rows: list[RootsRow] = []
+        for target in sorted(self.retained):
+            key = key_of(target)
+            if key is not None:
+                rows.append(RootsRow(key, self.retained[target],
+                                     self._learned_at.get(target), ()))
+        return rows
+
     def merge(self, rows: Iterable[RootsRow],
               id_of: Callable[[str], int | None]) -> tuple[int, int]:
         """Merge exported rows (see the module docstring); returns (roots that changed

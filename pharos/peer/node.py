@@ -8,6 +8,9 @@ retried) and the prefix ops since its last tick, taken from a bounded pending li
 its previous delta is outstanding, and each delta has a timeout, so a slow peer delays only
 itself and nothing piles up. The hot path never waits: ``push`` appends to lists.
 
+Each delta also carries every target's learned retention (``RootCaches.export_retention``;
+the one learned last is kept), so all instances judge stale predictions alike.
+
 Dispatches are told too (``Delta.dispatched``): every request sent, as a predicted record, so
 peers route on where prompts are going rather than where they went a first byte and a tick
 ago (W1 behind three instances: two instances put one new root into two small caches, and
@@ -277,7 +280,12 @@ class PeerNode(Service):
         gauges["reserved"] = self.ledger.export_reserved()
         return Delta(self.origin, self.fingerprint(), self.seq, leaving, gauges,
                      self.ledger.export_recent(), tuple(ops),
-                     dispatched=tuple(dispatched or ()))
+                     dispatched=tuple(dispatched or ()),
+                     retention=tuple(self.sched.roots.export_retention(self._key_of)))
+
+    def _key_of(self, tid: int) -> str | None:
+        targets = self.sched.state.targets
+        return targets[tid].key if 0 <= tid < len(targets) else None
 
     def _tick(self, peer: Peer) -> None:
         """One peer's tick; never raises (a LoopingCall stops for good on an error)."""
@@ -476,6 +484,8 @@ class PeerNode(Service):
             self.ledger.merge(delta.cells)
         except ValueError as e:
             problems.append(str(e))
+        if delta.retention:
+            self.sched.roots.merge(delta.retention, self.sched.target_id)
         if delta.dispatched:  # before the records: a request's dispatch precedes them
             self.sched.merge_dispatched(list(delta.dispatched), now)
         self.sched.merge_prefix(list(delta.prefix), now, roots=delta.dispatched is None)

@@ -11,6 +11,10 @@ record (target key, link hashes, when, the root's estimated tokens, whether the 
 taken to lack the root). A delta without the field comes from an older peer, whose records
 then stand for its sends (``Delta.dispatched`` is None).
 
+A delta also carries ``retention``: per target the root tokens its cache was last seen to
+retain and when that was learned (``RootCaches.export_retention``; the receiver keeps the one
+learned last), so every instance drops stale predictions on what every reply taught.
+
 Decoding checks the shape only (types and bounds); each owning module checks its own part
 when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
 No prompt text travels: prefix ops are 64-bit hashes and a target key.
@@ -28,6 +32,7 @@ from typing import Any, Final
 from pharos.config import Config
 from pharos.peer.snapshot import PROTO
 from pharos.prefix import PrefixOp
+from pharos.retention import RootsRow, parse_roots_row
 
 #: Prefix ops one delta may carry: a peer's pending list holds at most this many.
 MAX_OPS: Final = 10_000
@@ -68,6 +73,8 @@ class Delta:
     #: The sender's dispatches since its last delta (``PrefixOp.dispatched``); None: a peer
     #: of a release that does not tell them (its records stand for its sends).
     dispatched: Sequence[PrefixOp] | None = None
+    #: Each target's learned retention (rows without roots); None: not sent.
+    retention: Sequence[RootsRow] | None = None
 
 
 def fingerprint(config: Config) -> str:
@@ -103,6 +110,9 @@ def encode(delta: Delta) -> bytes:
         "cells": list(delta.cells), "prefix": [_op(op) for op in delta.prefix]}
     if delta.dispatched is not None:
         body["dispatch"] = [_dispatch_op(op) for op in delta.dispatched]
+    if delta.retention is not None:
+        body["retention"] = [{"target": r.target, "retained": r.retained,
+                              "learned_at": r.learned_at} for r in delta.retention]
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode()
 
@@ -187,4 +197,17 @@ def decode(data: bytes) -> Delta:
         if not isinstance(sent, list) or len(sent) > MAX_OPS:
             raise WireError(f"dispatch: expected a list of at most {MAX_OPS} ops")
         dispatched = tuple(_parse_dispatch(op, i) for i, op in enumerate(sent))
-    return Delta(origin, fp, seq, leaving, gauges, cells, prefix, proto, dispatched)
+    kept = raw.get("retention")
+    retention: tuple[RootsRow, ...] | None = None
+    if kept is not None:
+        if not isinstance(kept, list) or len(kept) > MAX_OPS:
+            raise WireError(f"retention: expected a list of at most {MAX_OPS} rows")
+        rows = []
+        for i, row in enumerate(kept):
+            try:
+                rows.append(parse_roots_row(row))
+            except ValueError as e:
+                raise WireError(f"retention[{i}]: {e}") from None
+        retention = tuple(RootsRow(r.target, r.retained, r.learned_at, ()) for r in rows)
+    return Delta(origin, fp, seq, leaving, gauges, cells, prefix, proto, dispatched,
+                 retention)

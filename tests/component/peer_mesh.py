@@ -100,9 +100,11 @@ class Instance:
 
 def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
              backends: dict[str, FakeBackend], *, fingerprint: str = FINGERPRINT,
-             restore: Callable[[Instance, bytes], object] | None = None) -> Instance:
+             restore: Callable[[Instance, bytes], object] | None = None,
+             specs: dict[str, BackendSpec] | None = None) -> Instance:
     """An instance at ``member`` (its origin is ``o-<member>``) over the shared ``backends``
-    doubles, with every member (itself included) in its peer list."""
+    doubles, with every member (itself included) in its peer list; ``specs``: each
+    backend's config (by URL; default: the URL alone)."""
 
     def fetcher_for(spec: BackendSpec) -> Fetcher:
         return backends[spec.url]
@@ -121,9 +123,19 @@ def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
     inst = Instance(member, state, sched, ledger, node)
     sched.on_prefix = node.push
     net.nodes[member] = node
-    state.set_backends([BackendSpec(url=url) for url in backends])
+    state.set_backends([(specs or {}).get(url) or BackendSpec(url=url) for url in backends])
     state.service.startService()
     return inst
+
+
+def vllm() -> FakeBackend:
+    """A vLLM double serving model ``m``, idle by its own count."""
+    return FakeBackend({
+        "/version": (200, b'{"version":"0.32.0"}'),
+        "/v1/models": (200, b'{"object":"list","data":[{"id":"m"}]}'),
+        "/metrics": (200, b'vllm:num_requests_running{model_name="m"} 0\n'
+                     b'vllm:num_requests_waiting{model_name="m"} 0\n'),
+    })
 
 
 def stop(inst: Instance) -> None:

@@ -32,6 +32,35 @@ def test_proto1_delta_decodes_and_merges() -> None:
     assert b.ledger.peers_reserved(key="alice") == 300
     assert b.sched.peer_inflight(0) == 1
     assert [s[3] for s in b.sched.index.slots(33)] == ["peer"]
+    assert delta.dispatched is None  # recorded before dispatches were told
+    stop(b)
+
+
+def test_proto1_delta_with_dispatches_decodes_and_merges() -> None:
+    """The proto-1 delta with ``dispatch`` and ``retention`` parts (recorded from an
+    instance that had learned the engine retains 6,000 root tokens and had just sent a
+    request with a new 512-token root there, before any byte came back) merges into a
+    current instance: the root is noted as sent to that engine, the prompt is predicted
+    there as a peer slot, and the retention is taken. No prompt text: hashes only."""
+    from pharos.config import Backend as BackendSpec
+    from tests.component.peer_mesh import vllm
+
+    raw = (SAMPLES / "proto1" / "delta-dispatch.json").read_bytes()
+    delta = decode(raw)
+    assert delta.dispatched is not None
+    (op,) = delta.dispatched
+    assert (op.dispatched, op.root_tokens, op.moved, len(op.hashes)) == (True, 512, True, 2)
+    clock = Clock()
+    clock.advance(RECORDED_AT - 0.8)
+    url = "http://engine:1"
+    b = instance("b:1", [], MemoryNetwork(), clock, {url: vllm()},
+                 specs={url: BackendSpec(url=url, kind="vllm", capacity=8)})
+    clock.advance(0.8)
+    assert b.node.receive(delta) == []
+    assert b.sched.roots.held(0) == {op.hashes[0]: 512}
+    assert [s[3] for s in b.sched.index.slots(op.hashes[1])] == ["peer"]
+    assert b.sched.peer_inflight(0) == 1
+    assert b.sched.roots.retained == {0: 6000}
     stop(b)
 
 

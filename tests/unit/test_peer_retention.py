@@ -75,3 +75,21 @@ def test_a_restarted_instance_restores_the_roots_and_drops_stale_predictions() -
     assert on(restarted, 0, chat("q3", system=system(3))).root_ahead == 0
     assert list(restarted.roots.held(0))[:2] == [chat("q", system=system(n)).chain.keys[0]
                                                   for n in (1, 2)]
+
+
+def test_a_peers_dispatch_is_a_send_but_no_prediction_on_a_slot_cache() -> None:
+    """On llama.cpp targets (each slot caches its own prompt, reusable only once the request
+    ended) a peer's dispatch counts as a send in the target's root LRU, with the size it
+    carries even for a root this instance never saw, and in the root's demand, but predicts
+    nothing in the index; a dispatch to a target not known here is dropped."""
+    sched, _, clock = three()
+    key = sched.state.targets[0].key
+    req = chat("q", system=system(5))
+    op = PrefixOp(key, req.chain.keys, clock.seconds(), dispatched=True, root_tokens=1234,
+                  moved=True)
+    unknown = PrefixOp("http://nowhere:1#m", req.chain.keys, clock.seconds(), dispatched=True)
+    assert sched.merge_dispatched([op, unknown], clock.seconds()) == 1
+    assert sched.roots.held(0) == {req.chain.keys[0]: 1234}
+    assert sched.hot.demand(req.chain.keys[0], clock.seconds()) > 0
+    assert sched.index.slots(req.chain.keys[0]) == []
+    assert matched(sched, req, 0) == 0

@@ -4,6 +4,7 @@ resolver, a failed resolution keeping the last set."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -47,6 +48,63 @@ def test_unknown_fields_are_ignored() -> None:
     raw["new_field"] = {"x": [1]}
     raw["prefix"][0]["weight"] = 3
     assert decode(json.dumps(raw).encode()) == sample()
+
+
+def with_dispatches() -> Delta:
+    return dataclasses.replace(sample(), dispatched=(
+        PrefixOp("http://e:1#m", (5, 6), 13.0, dispatched=True, root_tokens=2000, moved=True),
+        PrefixOp("http://e:1#m", (5,), 13.5, dispatched=True, root_tokens=None)))
+
+
+def test_dispatches_round_trip_and_an_older_delta_has_none() -> None:
+    """A delta's dispatch ops (target, hashes, time, root tokens, moved) survive the round
+    trip and ignore unknown fields; a delta without the ``dispatch`` field (an older peer's)
+    decodes with ``dispatched`` None, and one with an empty list with ()."""
+    assert decode(encode(with_dispatches())) == with_dispatches()
+    raw = json.loads(encode(with_dispatches()))
+    raw["dispatch"][0]["weight"] = 3
+    assert decode(json.dumps(raw).encode()) == with_dispatches()
+    assert "dispatch" not in json.loads(encode(sample()))
+    assert decode(encode(sample())).dispatched is None
+    empty = dataclasses.replace(sample(), dispatched=())
+    assert decode(encode(empty)).dispatched == ()
+
+
+@pytest.mark.parametrize("op,why", [
+    ({"target": 1, "hashes": [1], "last_used": 0}, r"dispatch\[0\].target"),
+    ({"target": "t", "hashes": [], "last_used": 0}, r"dispatch\[0\].hashes"),
+    ({"target": "t", "hashes": [1], "last_used": 0, "root_tokens": -1}, "root_tokens"),
+    ({"target": "t", "hashes": [1], "last_used": 0, "root_tokens": 1.5}, "root_tokens"),
+    ({"target": "t", "hashes": [1], "last_used": 0, "moved": "yes"}, "moved"),
+    ("garbage", r"dispatch\[0\]: expected an object"),
+])
+def test_malformed_dispatches_name_the_problem(op: object, why: str) -> None:
+    """A bad dispatch op refuses the delta (a 400) naming the field; a dispatch list past
+    the ops bound is refused too."""
+    raw = json.loads(encode(sample()))
+    raw["dispatch"] = [op]
+    with pytest.raises(WireError, match=why):
+        decode(json.dumps(raw).encode())
+    raw["dispatch"] = [{"target": "t", "hashes": [1], "last_used": 0}] * (MAX_OPS + 1)
+    with pytest.raises(WireError, match="dispatch: expected a list"):
+        decode(json.dumps(raw).encode())
+
+
+def test_retention_round_trips_and_a_bad_row_is_refused() -> None:
+    """Each target's retention (without roots) survives the round trip; a row that is not
+    one refuses the delta naming it."""
+    from pharos.retention import RootsRow
+
+    delta = dataclasses.replace(sample(), retention=(RootsRow("http://e:1#m", 6000, 12.0, ()),
+                                                     RootsRow("x#m", None, None, ())))
+    assert decode(encode(delta)) == delta
+    raw = json.loads(encode(delta))
+    raw["retention"][0]["retained"] = -1
+    with pytest.raises(WireError, match=r"retention\[0\]: retained"):
+        decode(json.dumps(raw).encode())
+    raw["retention"] = {"not": "a list"}
+    with pytest.raises(WireError, match="retention: expected a list"):
+        decode(json.dumps(raw).encode())
 
 
 def test_another_proto_is_a_mismatch() -> None:
