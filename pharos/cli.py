@@ -24,6 +24,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # These pass their whole argument list (--help included) to their own parsers.
     if argv[:1] == ["sim-engine"]:
         raise SystemExit(cmd_sim_engine(argparse.Namespace(rest=argv[1:])))
+    if argv[:1] == ["calibrate"]:
+        raise SystemExit(cmd_calibrate(argparse.Namespace(rest=argv[1:])))
     if argv[:1] == ["bench"] and argv[1:2] in [[w] for w in BENCH]:
         raise SystemExit(cmd_bench(argparse.Namespace(what=argv[1], rest=argv[2:])))
     parser = _parser()
@@ -32,6 +34,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.print_help()
         raise SystemExit(2)
     raise SystemExit(args.func(args))
+
+
+def cmd_replay_shadow(args: argparse.Namespace) -> int:
+    """``pharos replay-shadow LOG`` (``pharos.shadow.main_replay``)."""
+    from pharos.shadow import main_replay
+
+    return main_replay([args.log])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +94,16 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
 
+    calibrate = sub.add_parser(
+        "calibrate", help="fit an idle engine's prefill cost model (prints a config fragment)")
+    calibrate.add_argument("rest", nargs=argparse.REMAINDER)
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    shadow = sub.add_parser(
+        "replay-shadow", help="check a shadow log: its chain, and every shadow decision re-run")
+    shadow.add_argument("log", help="the observability.shadow_log file")
+    shadow.set_defaults(func=cmd_replay_shadow)
+
     sim = sub.add_parser("sim-engine", help="run one simulated engine on loopback")
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     sim.set_defaults(func=cmd_sim_engine)
@@ -122,6 +141,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pharos.sim.overhead import main_overhead
 
     return main_overhead(args.rest)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``pharos calibrate --url ENGINE``: probe an idle engine, fit P(u, c), print the fit."""
+    from twisted.internet import defer, task
+
+    from pharos.calibrate import main_calibrate, parse_args
+
+    options = parse_args(args.rest)
+    result: list[int] = []
+
+    async def run(reactor: Any) -> None:
+        result.append(await main_calibrate(options, reactor))
+
+    try:
+        task.react(lambda r: defer.Deferred.fromCoroutine(run(r)))
+    except SystemExit as e:
+        if e.code not in (0, None) or not result:
+            raise
+    return result[0] if result else 2
 
 
 def cmd_sim_engine(args: argparse.Namespace) -> int:
@@ -271,6 +310,8 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
                         post=lambda path, body, h=http: h.post(path, body).addCallback(
                             lambda f: f.status
                         ),
+                        memory_gb=backend["memory_gb"],
+                        check_memory=True,
                     )
                 )
         finally:
@@ -336,7 +377,7 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.url:
         lines = lines_of(f"file://{Path(args.log).resolve()}" if args.log else None)
         return [{"url": args.url, "kind": args.kind, "own": (), "log_lines": lines,
-                 "capacity": None, "aliases": {}}]
+                 "capacity": None, "aliases": {}, "memory_gb": None}]
     from pharos.config import load_config
 
     # doctor examines what it can of a config the service would refuse (an unbuilt section).
@@ -350,6 +391,7 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
             "docker": b.logs.target if b.logs and b.logs.scheme == "docker" else None,
             "capacity": b.capacity,
             "aliases": dict(b.aliases),
+            "memory_gb": b.memory_gb,
         }
         for b in cfg.backends
     ]

@@ -35,6 +35,8 @@ import yaml
 
 from pharos.engine.signals import COUNT_SIGNALS, LOAD_SIGNALS, LOG_SIGNALS, Residency, Signal
 from pharos.hot import UTILIZATION
+from pharos.models import ModelSpec, parse_models, parse_shadow, parse_split
+from pharos.placement import LOAD_WAIT_BOUND_SEC, REPLICA_UTILIZATION
 from pharos.policy import BOUNDED_LOAD_EPSILON, KV_PRESSURE_THRESHOLD
 from pharos.prefix import DEFAULT_CAPACITY
 
@@ -75,6 +77,12 @@ DEFAULT_FIRST_BYTE_EMBEDDINGS: Final = 120.0
 DEFAULT_STREAM_IDLE: Final = 120.0
 #: A client's request line and headers must arrive within this (slowloris).
 DEFAULT_REQUEST_HEADERS: Final = 10.0
+#: A request's body must arrive whole within this of its head (a body trickled a byte at a
+#: time); 32 MiB at 1 Mbit/s takes 270 s.
+DEFAULT_REQUEST_BODY: Final = 300.0
+#: A client connection with no request in progress and no byte from the client for this long
+#: is closed (keep-alive idle; Twisted's own default).
+DEFAULT_IDLE: Final = 60.0
 #: Requests waiting this long with none starting and no lease given back: /healthz is 503.
 DEFAULT_QUEUE_STUCK: Final = 300.0
 #: A ``dns:`` backend entry's name is resolved again this often (peers' re-resolve, §12).
@@ -94,8 +102,10 @@ LIVE_FIELDS: Final = frozenset({
     "backends", "dns_backends", "keys", "tenants",
     "routing.bounded_load_epsilon", "routing.kv_pressure_threshold",
     "routing.hot_prefix_utilization", "routing.session_affinity", "routing.eviction_pricing",
+    "routing.replica_utilization", "routing.load_wait_bound", "routing.swap_grouping",
     "timeouts.first_byte_generate", "timeouts.first_byte_embeddings", "timeouts.stream_idle",
     "timeouts.queue_stuck",
+    "policy", "models", "routing.split", "routing.shadow",
 })
 
 #: Sections parsed (so their errors are reported) but refused until their feature exists.
@@ -245,6 +255,25 @@ def _no_aliases() -> Mapping[str, str]:
     return MappingProxyType({})
 
 
+#: ``backends[].cost_model``'s fields, in the order of ``CostModel`` (a, b, d).
+COST_MODEL_FIELDS = ("prefill_token_s", "prefill_pair_s", "prefill_fixed_s")
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """A backend's measured prefill cost, ``P(u, c) = a·u + b·u·(c + u/2) + d`` seconds for
+    ``u`` uncached tokens after ``c`` cached ones (``pharos calibrate`` prints it). Routing
+    prices the backend's prefills with it instead of the learned per-token speed."""
+
+    prefill_token_s: float  # a
+    prefill_pair_s: float  # b
+    prefill_fixed_s: float  # d
+
+    def terms(self) -> tuple[float, float, float]:
+        """(a, b, d), as the policy's candidates carry them."""
+        return (self.prefill_token_s, self.prefill_pair_s, self.prefill_fixed_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     """One statically listed engine. ``url`` has no trailing slash, so paths join onto it."""
@@ -257,6 +286,12 @@ class Backend:
     aliases: Mapping[str, str] = field(default_factory=_no_aliases, hash=False)
     logs: LogFeed | None = None
     probes: tuple[OwnProbe, ...] = ()
+    cost_model: CostModel | None = None
+
+    @property
+    def cost_model_terms(self) -> tuple[float, float, float] | None:
+        """``cost_model``'s (a, b, d) for the policy's candidates; None: learned speed."""
+        return None if self.cost_model is None else self.cost_model.terms()
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +363,8 @@ class Timeouts:
     stream_idle: float = DEFAULT_STREAM_IDLE
     request_headers: float = DEFAULT_REQUEST_HEADERS
     queue_stuck: float = DEFAULT_QUEUE_STUCK
+    request_body: float = DEFAULT_REQUEST_BODY
+    idle: float = DEFAULT_IDLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +381,9 @@ class Observability:
     """``observability:``; ``decision_log`` None: off."""
 
     decision_log: DecisionLogConfig | None = None
+    #: JSON lines of every config generation and shadow decision (``pharos.shadow``); None:
+    #: off.
+    shadow_log: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +399,20 @@ class Routing:
     #: Price the live prefixes a prompt would push out of a small cache (``pharos.retention``).
     eviction_pricing: bool = True
     prefix_entries: int = DEFAULT_CAPACITY
+    #: An A/B split of every model without its own: (policy, percent) in file order, adding
+    #: up to 100 (``pharos.models``); None: no split.
+    split: tuple[tuple[str, int], ...] | None = None
+    #: Policies run beside the routing one, off the request path (``pharos.shadow``).
+    shadow: tuple[str, ...] = ()
+    #: Model placement (``pharos.placement``, issue 15): a model warm somewhere gets another
+    #: host once its slot demand exceeds this share of its warm slots (or waiting costs more
+    #: than the load and its eviction); None: no demand rule.
+    replica_utilization: float | None = REPLICA_UTILIZATION
+    #: Seconds a request waits (for a warm slot, or behind another model on a single-model
+    #: host) before a load is allowed for it.
+    load_wait_bound: float = LOAD_WAIT_BOUND_SEC
+    #: Serve the loaded model's queued requests before a swap (within the bound).
+    swap_grouping: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +448,9 @@ class Config:
     #: Worker processes sharing the public port and their state (pharos.workers); ``auto``
     #: is resolved when the file is read.
     workers: int = DEFAULT_WORKERS
+    #: The fleet's models: one name for engines' names, each model's routing
+    #: (``pharos.models``).
+    models: tuple[ModelSpec, ...] = ()
 
 
 def available_cores() -> int:
@@ -732,7 +789,7 @@ class _Parser:
             raw,
             "",
             ("listen", "policy", "backends", "keys", "tenants", "state_file", "usage", "drain",
-             "peers", "routing", "timeouts", "observability", "workers"),
+             "peers", "routing", "timeouts", "observability", "workers", "models"),
         )
         if m is None:
             return Config()
@@ -772,6 +829,7 @@ class _Parser:
             observability=self.observability(m.get("observability")),
             timeouts=self.timeouts(m.get("timeouts")),
             workers=workers,
+            models=parse_models(m.get("models"), self.error, self._cost_terms),
         )
 
     def workers(self, raw: object) -> int:
@@ -788,13 +846,17 @@ class _Parser:
     def observability(self, raw: object) -> Observability:
         if raw is None:
             return Observability()
-        m = self.mapping(raw, "observability", ("decision_log",))
-        if m is None or m.get("decision_log") is None:
+        m = self.mapping(raw, "observability", ("decision_log", "shadow_log"))
+        if m is None:
             return Observability()
+        shadow_log = (self.text(m["shadow_log"], "observability.shadow_log", "a file path")
+                      if m.get("shadow_log") is not None else None)
+        if m.get("decision_log") is None:
+            return Observability(shadow_log=shadow_log)
         path = "observability.decision_log"
         d = self.mapping(m["decision_log"], path, ("path", "sample_rate"), required=("path",))
         if d is None or "path" not in d:
-            return Observability()
+            return Observability(shadow_log=shadow_log)
         file = self.text(d["path"], _at(path, "path"), "a file path")
         rate = 1.0
         if d.get("sample_rate") is not None:
@@ -804,14 +866,16 @@ class _Parser:
             else:
                 self.expected(_at(path, "sample_rate"), "a number above 0, at most 1", raw_rate)
         if file is None:
-            return Observability()
-        return Observability(DecisionLogConfig(path=file, sample_rate=rate))
+            return Observability(shadow_log=shadow_log)
+        return Observability(DecisionLogConfig(path=file, sample_rate=rate),
+                             shadow_log=shadow_log)
 
     def timeouts(self, raw: object) -> Timeouts:
         if raw is None:
             return Timeouts()
         m = self.mapping(raw, "timeouts",
-                         ("first_byte", "stream_idle", "request_headers", "queue_stuck"))
+                         ("first_byte", "stream_idle", "request_headers", "queue_stuck",
+                          "request_body", "idle"))
         if m is None:
             return Timeouts()
         generate, embeddings = DEFAULT_FIRST_BYTE_GENERATE, DEFAULT_FIRST_BYTE_EMBEDDINGS
@@ -831,6 +895,9 @@ class _Parser:
                                           DEFAULT_REQUEST_HEADERS),
             queue_stuck=self.positive(m.get("queue_stuck"), "timeouts.queue_stuck",
                                       DEFAULT_QUEUE_STUCK),
+            request_body=self.positive(m.get("request_body"), "timeouts.request_body",
+                                       DEFAULT_REQUEST_BODY),
+            idle=self.positive(m.get("idle"), "timeouts.idle", DEFAULT_IDLE),
         )
 
     def positive(self, raw: object, path: str, default: float) -> float:
@@ -845,7 +912,8 @@ class _Parser:
         if raw is None:
             return Routing()
         known = ("bounded_load_epsilon", "kv_pressure_threshold", "hot_prefix_utilization",
-                 "session_affinity", "eviction_pricing", "prefix_entries")
+                 "session_affinity", "eviction_pricing", "prefix_entries",
+                 "replica_utilization", "load_wait_bound", "swap_grouping", "split", "shadow")
         m = self.mapping(raw, "routing", known)
         if m is None:
             return Routing()
@@ -871,7 +939,11 @@ class _Parser:
         if "kv_pressure_threshold" in out and out["kv_pressure_threshold"] is None:
             out["kv_pressure_threshold"] = 1.0  # null: off, which 1.0 means to the policy
         number("hot_prefix_utilization", 0.01, 1.0, True)
-        for name in ("session_affinity", "eviction_pricing"):
+        number("replica_utilization", 0.01, 1.0, True)
+        if m.get("load_wait_bound") is not None:  # not a guard: null is the default
+            out["load_wait_bound"] = self.positive(
+                m["load_wait_bound"], "routing.load_wait_bound", base.load_wait_bound)
+        for name in ("session_affinity", "eviction_pricing", "swap_grouping"):
             if name not in m:
                 continue
             if m[name] is None:
@@ -883,7 +955,16 @@ class _Parser:
         if m.get("prefix_entries") is not None:  # not a guard: null is the default
             entries = self.integer(m["prefix_entries"], "routing.prefix_entries")
             out["prefix_entries"] = entries if entries is not None else base.prefix_entries
+        if m.get("split") is not None:
+            out["split"] = parse_split(m["split"], "routing.split", self.error)
+        if m.get("shadow") is not None:
+            out["shadow"] = parse_shadow(m["shadow"], "routing.shadow", self.error) or ()
         return dataclasses.replace(base, **out)  # type: ignore[arg-type]
+
+    def _cost_terms(self, raw: object, path: str) -> tuple[float, float, float] | None:
+        """A ``models[].cost_model`` (the backends' fields), as (a, b, d)."""
+        model = self.cost_model(raw, path)
+        return None if model is None else model.terms()
 
     def backends(self, raw: object) -> tuple[Backend, ...]:
         backends: list[Backend] = []
@@ -901,7 +982,8 @@ class _Parser:
         return tuple(backends)
 
     def backend(self, raw: object, path: str) -> Backend | None:
-        known = ("url", "kind", "memory_gb", "capacity", "aliases", "logs", "probes")
+        known = ("url", "kind", "memory_gb", "capacity", "aliases", "logs", "probes",
+                 "cost_model")
         if isinstance(raw, dict):
             for name in ("port", "refresh"):
                 if name in raw:
@@ -936,7 +1018,29 @@ class _Parser:
             aliases=self.aliases(m.get("aliases"), _at(path, "aliases")),
             logs=logs,
             probes=self.probes(m.get("probes"), _at(path, "probes")),
+            cost_model=self.cost_model(m.get("cost_model"), _at(path, "cost_model")),
         )
+
+    def cost_model(self, raw: object, path: str) -> CostModel | None:
+        """``{prefill_token_s, prefill_pair_s, prefill_fixed_s}``: all three, each >= 0."""
+        if raw is None:
+            return None
+        names = COST_MODEL_FIELDS
+        m = self.mapping(raw, path, names, required=names)
+        if m is None or any(n not in m for n in names):
+            return None
+        values: list[float] = []
+        for n in names:
+            v = m[n]
+            if not _is_number(v) or v < 0:
+                self.expected(_at(path, n), "a number of seconds >= 0", v)
+                return None
+            values.append(float(v))
+        if values[0] == 0 and values[1] == 0:
+            self.error(path, "prefill_token_s and prefill_pair_s are both 0: every prompt "
+                             "would cost the same (calibrate again)")
+            return None
+        return CostModel(*values)
 
     def dns_backends(self, raw: object) -> tuple[DnsBackends, ...]:
         """The ``dns:`` entries of ``backends:`` (the others are ``backends()``'s)."""
@@ -963,7 +1067,7 @@ class _Parser:
         for field_name, why in refused.items():
             if field_name in raw:
                 self.error(_at(path, field_name), why)
-        shared = ("kind", "memory_gb", "capacity", "aliases", "probes")
+        shared = ("kind", "memory_gb", "capacity", "aliases", "probes", "cost_model")
         known = ("dns", "port", "refresh", *shared)
         m = self.mapping({k: v for k, v in raw.items() if k not in refused}, path, known,
                          required=("dns", "port"))

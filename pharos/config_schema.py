@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pharos.config import BACKEND_KINDS, MAX_WORKERS, POLICIES, SCALES
+from pharos.config import BACKEND_KINDS, COST_MODEL_FIELDS, MAX_WORKERS, POLICIES, SCALES
 from pharos.engine.signals import LOAD_SIGNALS, LOG_SIGNALS, Signal
 
 _DURATION: dict[str, Any] = {
@@ -66,6 +66,11 @@ def schema() -> dict[str, Any]:
                  "description": "the engine's log, for log probes: docker://<container> "
                                 "or file:///<absolute path>"},
         "probes": {"type": "array", "items": probe},
+        "cost_model": _object({name: {"type": "number", "minimum": 0}
+                               for name in COST_MODEL_FIELDS},
+                              required=COST_MODEL_FIELDS,
+                              description="prefill seconds a·u + b·u·(c + u/2) + d, "
+                                          "as `pharos calibrate` prints it"),
         "dns": {"type": "string", "description": "instead of url: every address this name "
                                                  "resolves to is a backend"},
         "port": {"type": "integer", "minimum": 1, "maximum": 65535,
@@ -90,6 +95,20 @@ def schema() -> dict[str, Any]:
         "rpm": _POSITIVE_INT,
         "tokens_per_day": _POSITIVE_INT,
     }, required=("name",), description="a group of keys: fair-queue share and budgets")
+    policy_name = {"enum": list(POLICIES)}
+    split = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+             "propertyNames": policy_name,
+             "description": "A/B: policy to percent, adding up to 100"}
+    shadow = {"type": "array", "items": policy_name, "uniqueItems": True,
+              "description": "policies run beside the routing one, off the request path"}
+    fleet_model = _object({
+        "name": {"type": "string", "minLength": 1},
+        "aliases": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "policy": policy_name,
+        "split": split,
+        "shadow": shadow,
+        "cost_model": backend["properties"]["cost_model"],
+    }, required=("name",), description="one name for a model engines serve under others")
     unbuilt = "not supported yet: refused at start"
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -98,6 +117,7 @@ def schema() -> dict[str, Any]:
             "listen": _LISTEN,
             "policy": {"enum": list(POLICIES)},
             "backends": {"type": "array", "items": backend},
+            "models": {"type": "array", "items": fleet_model},
             "keys": {"type": "array", "items": key},
             "tenants": {"type": "array", "items": tenant},
             "state_file": {"type": "string", "minLength": 1, "description": unbuilt},
@@ -123,18 +143,29 @@ def schema() -> dict[str, Any]:
                 "session_affinity": {"type": ["boolean", "null"]},
                 "eviction_pricing": {"type": ["boolean", "null"]},
                 "prefix_entries": {"type": ["integer", "null"], "minimum": 1},
+                "replica_utilization": {"type": ["number", "null"], "minimum": 0.01,
+                                        "maximum": 1},
+                "load_wait_bound": {"oneOf": [_DURATION, {"type": "null"}]},
+                "swap_grouping": {"type": ["boolean", "null"]},
+                "split": split,
+                "shadow": shadow,
             }, description="the cost policy's guards; null turns a guard off"),
             "observability": _object({
                 "decision_log": _object({
                     "path": {"type": "string", "minLength": 1},
                     "sample_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                 }, required=("path",), description="a JSON line per sampled routing decision"),
+                "shadow_log": {"type": "string", "minLength": 1,
+                               "description": "JSON lines of config generations and shadow "
+                                              "decisions (pharos replay-shadow)"},
             }),
             "timeouts": _object({
                 "first_byte": _object({"generate": _DURATION, "embeddings": _DURATION}),
                 "stream_idle": _DURATION,
                 "request_headers": _DURATION,
                 "queue_stuck": _DURATION,
+                "request_body": _DURATION,
+                "idle": _DURATION,
             }),
         }),
     }

@@ -390,11 +390,24 @@ class Scheduler:
         #: count with peers' and the waiters ahead.
         self._cands: dict[Target, tuple[View, int, int, int, Candidate]] = {}
         self._default_capacity = default_capacity
+        #: ``models[].cost_model`` by model name, for backends without their own.
+        self._model_costs: dict[str, tuple[float, float, float]] = {}
         #: Requests routed per model: round robin's turn (``RouteReq.seq``).
         self.turns: Counter[str] = Counter()
         #: Told of every decision that placed a request, with the request and the placement
         #: (shadow policies, ``pharos.shadow``: they queue it and return at once).
         self.on_route: Callable[[SchedRequest, Placement], None] | None = None
+
+    @property
+    def model_costs(self) -> dict[str, tuple[float, float, float]]:
+        """Each model's prefill cost model (``models[].cost_model``), used on backends that
+        have none of their own; set whole (a reload), which rebuilds the candidates."""
+        return self._model_costs
+
+    @model_costs.setter
+    def model_costs(self, value: dict[str, tuple[float, float, float]]) -> None:
+        self._model_costs = dict(value)
+        self._cands.clear()
 
     @property
     def default_capacity(self) -> int:
@@ -863,6 +876,13 @@ class Scheduler:
         if hm is not None and hm[0] == t.model:
             del self.host_model[t.backend.url]
 
+    def median_size(self) -> int | None:
+        """The median size of the models the fleet reports one for (None: none does): what
+        a model of unknown size is taken to weigh when it loads."""
+        sizes = sorted({t.model: s for t in self.state.targets
+                        if (s := self.state.view(t).size_bytes)}.values())
+        return sizes[len(sizes) // 2] if sizes else None
+
     def _swapped_out(self, t: Target, v: View, host: tuple[str, float, float]) -> bool:
         """A later dispatch of another model to ``t``'s host (``host_model``), not yet seen
         by a round, pushed ``t``'s model out: the host holds one model at a time (llama-swap)
@@ -882,9 +902,10 @@ class Scheduler:
 
     def _as_cold(self, t: Target, v: View, c: Candidate) -> Candidate:
         """``c`` as a cold candidate: its model was pushed out since the last round."""
-        load_sec, basis = self._load_estimate(t, v.size_bytes)
+        size = v.size_bytes if v.size_bytes is not None else self.median_size()
+        load_sec, basis = self._load_estimate(t, size)
         return dataclasses.replace(
-            c, warm=False, loading=False, fits_if_cold=self._fits_if_cold(t, v.size_bytes),
+            c, warm=False, loading=False, fits_if_cold=self._fits_if_cold(t, size),
             load_sec=load_sec, load_basis=basis)
 
     def _holds(self, req: SchedRequest, cands: list[Candidate], cold: dict[int, bool],
@@ -915,9 +936,9 @@ class Scheduler:
         note = None
         if warm:
             service = self.policy.service_sec_default
-            warm_wait = min(0.0 if c.free_slots > 0 else
-                            (c.queue_ahead + 1) / c.capacity * (c.service_sec or service)
-                            for c in warm)
+            warm_wait = min(c.queued_prefill_sec + (
+                0.0 if c.free_slots > 0 else
+                (c.queue_ahead + 1) / c.capacity * (c.service_sec or service)) for c in warm)
             load_cost = min((c.load_sec or self.policy.load_sec_default) + c.reload_sec
                             for c in loads)
             note = replica_hold(rule, self.slot_demand.rate(req.model, now),
@@ -1016,6 +1037,8 @@ class Scheduler:
         t = self.state.targets[c.target_id]
         memory_gb = t.backend.spec.memory_gb
         size = self.state.view_at(t, now).size_bytes
+        if size is None:
+            size = self.median_size()
         single = t.backend.kind == LLAMASWAP
         if not single and (memory_gb is None or size is None):
             return c
@@ -1275,8 +1298,13 @@ class Scheduler:
         loading = v.residency is Residency.LOADING or (
             v.residency is Residency.COLD and t.inflight > 0)
         load_sec, load_basis = t.stats.load_sec.value, None
+        size = v.size_bytes
+        if warm is False and size is None:
+            size = self.median_size()  # unknown: the load still counts, at the fleet median
         if load_sec is None and warm is False:  # a cold candidate is never kept: always fresh
-            load_sec, load_basis = self._load_estimate(t, v.size_bytes)
+            load_sec, load_basis = self._load_estimate(t, size)
+            if load_basis is not None and v.size_bytes is None:
+                load_basis += " (size=fleet median)"
         return Candidate(
             target_id=t.id,
             warm=warm,
@@ -1288,13 +1316,13 @@ class Scheduler:
             prefill_sec_per_token=t.stats.prefill_sec_per_token.value,
             load_sec=load_sec,
             service_sec=t.stats.service_sec.value,
-            fits_if_cold=self._fits_if_cold(t, v.size_bytes) if warm is False else None,
+            fits_if_cold=self._fits_if_cold(t, size) if warm is False else None,
             loading=loading,
             inflight=inflight,
             queued_prefill_sec=t.queued_prefill,
             kv_free_tokens=self._kv_free(t, v),
             load_basis=load_basis,
-            prefill_model=t.backend.spec.cost_model_terms,
+            prefill_model=t.backend.spec.cost_model_terms or self._model_costs.get(t.model),
         )
 
     @staticmethod

@@ -24,6 +24,7 @@ from pharos.discovery.docker import DockerAPI, socket_from_env
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import make_client
 from pharos.journal import Journal
+from pharos.models import Fleet
 from pharos.obs.decisions import DecisionLog
 from pharos.obs.metrics import Metrics, MetricsPage
 from pharos.obs.pages import Pages, mount, with_pages
@@ -35,6 +36,7 @@ from pharos.peer.snapshot import Replicas, restore_bytes
 from pharos.peer.snapshot import build as build_snapshot
 from pharos.peer.statefile import StateFile
 from pharos.peer.wire import fingerprint
+from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
 from pharos.proxy.auth import Keyring
@@ -44,6 +46,7 @@ from pharos.proxy.drain import Drain, Health, second_signal_ends
 from pharos.proxy.public import PublicAPI
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.sched import Guards, Scheduler
+from pharos.shadow import Shadow
 from pharos.state.logs import default_feeds
 from pharos.state.registry import BackendState
 from pharos.state.state import LOAD_INTERVAL, State
@@ -132,8 +135,20 @@ class PharosService(MultiService):
         self.public = PublicAPI(self.state, self.sched, self.client, reactor,
                                 timeouts=config.timeouts,
                                 keyring=Keyring(config.keys, config.tenants), ledger=self.ledger)
+        #: The fleet's models (aliases, per-model policy, split, shadow; ``pharos.models``),
+        #: one per config generation; shadow policies run off the request path.
+        self.generation = 0
+        self.fleet = self.public.fleet = _fleet(config, policy, self.generation)
+        self.sched.model_costs = self.fleet.cost_models()
+        log_path = config.observability.shadow_log
+        self.shadow_log = Journal(log_path, reactor) if log_path else None
+        self.shadow = Shadow(reactor, self.fleet, lambda: self.sched.policy, self.shadow_log)
+        self.sched.on_route = self.shadow.offer
+        self.public.shadow = self.shadow
+        self._specs: list[Any] = []  # the backend specs discovery last handed over
         # on_done subscribers, each a surface of its own (DESIGN §4): the proxy imports none.
         self.metrics = Metrics(self.state, self.sched)
+        self.metrics.shadow = self.shadow
         self.public.on_done.append(self.metrics.done)
         self.state.on_decision = self.metrics.decision
         self.journal = Journal(u.journal, reactor) if u.journal else None
@@ -195,7 +210,7 @@ class PharosService(MultiService):
             self.restore_sources.append(node.pull_all)
             self.on_leaving.append(node.leave)
         #: The backend set: static ∪ Docker ∪ DNS (spec §10), before the scrapers it feeds.
-        self.discovery = Discovery(self.state.set_backends, reactor, config.backends,
+        self.discovery = Discovery(self._set_backends, reactor, config.backends,
                                    config.dns_backends, docker=self.docker, resolver=resolver)
         self.discovery.setServiceParent(self)
         self.state.service.setServiceParent(self)
@@ -220,7 +235,21 @@ class PharosService(MultiService):
         self.public.keyring = Keyring(config.keys, config.tenants)
         self.sched.policy, self.sched.guards = _routing(config)
         self.public.timeouts = config.timeouts
+        # The fleet's models (issue 17): a new generation, its aliases composed into the
+        # backends' (a changed rename re-resolves those backends), its routing and shadows.
+        self.generation += 1
+        old, fleet = self.fleet, _fleet(config, self.sched.policy, self.generation)
+        self.fleet = self.public.fleet = fleet
+        self.sched.model_costs = fleet.cost_models()
+        self.shadow.set_fleet(fleet)
         self.discovery.set_static(config.backends, config.dns_backends)
+        if old.names != fleet.names:
+            self._set_backends(self._specs)
+
+    def _set_backends(self, specs: Any) -> None:
+        """Discovery's backend set, with the fleet's aliases composed into each backend's."""
+        self._specs = list(specs)
+        self.state.set_backends(self.fleet.with_aliases(self._specs))
 
     def _round(self, backend: BackendState) -> None:
         """A scrape round ended: learn capacities from it, then re-run the waiters."""
@@ -299,6 +328,8 @@ class PharosService(MultiService):
             await self.journal.close()
         if self.decision_log is not None:
             await self.decision_log.close()
+        if self.shadow_log is not None:
+            await self.shadow_log.close()
 
 
 def _in_thread(reactor: Any) -> Callable[[Callable[[], Any]], Deferred[Any]]:
@@ -332,6 +363,12 @@ def _probe_listen(description: str) -> None:
             raise CannotListenError(host, port, e) from None
 
 
+def _fleet(config: Config, policy: PolicyConfig, generation: int) -> Fleet:
+    """The models in force for ``config`` (``models:``, ``routing.split``/``shadow``)."""
+    r = config.routing
+    return Fleet(config.models, policy, r.split, r.shadow, generation)
+
+
 def _routing(config: Config) -> tuple[PolicyConfig, Guards]:
     """The policy's config and the scheduler's guards from ``policy:`` and ``routing:``."""
     r = config.routing
@@ -339,7 +376,10 @@ def _routing(config: Config) -> tuple[PolicyConfig, Guards]:
                           bounded_load_epsilon=r.bounded_load_epsilon,
                           session_affinity=r.session_affinity)
     guards = Guards(hot_prefix_utilization=r.hot_prefix_utilization,
-                    eviction_pricing=r.eviction_pricing)
+                    eviction_pricing=r.eviction_pricing,
+                    placement=ReplicaRule(utilization=r.replica_utilization,
+                                          wait_bound_sec=r.load_wait_bound,
+                                          swap_grouping=r.swap_grouping))
     return policy, guards
 
 
@@ -366,6 +406,8 @@ def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
     site = PublicSite(root, requestFactory=bounded_request_factory(
         max_body, on_too_large=top.public.too_large))
     site.head_deadline = top.config.timeouts.request_headers
+    site.body_deadline = top.config.timeouts.request_body
+    site.timeOut = top.config.timeouts.idle
     return site
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pharos.engine.fetch import Fetcher, FetchError
-from pharos.engine.library import OLLAMA, ollama_remote_models
+from pharos.engine.library import LLAMASWAP, OLLAMA, ollama_remote_models
 from pharos.engine.plan import (
     BackendUnreachable,
     DetectionFailed,
@@ -156,10 +156,13 @@ async def examine(
     capacity: int | None = None,
     aliases: Mapping[str, str] | None = None,
     post: Any = None,
+    memory_gb: float | None = None,
+    check_memory: bool = False,
 ) -> BackendReport:
     """Resolve one backend and collect what doctor reports about it.
 
-    ``post(path, body)`` (live backends only) checks which coding-agent routes it serves.
+    ``post(path, body)`` (live backends only) checks which coding-agent routes it serves;
+    ``check_memory``: say what placement does with the config's ``memory_gb`` (issue 15).
     """
     report = BackendReport(url)
     try:
@@ -174,7 +177,25 @@ async def examine(
         parts = [(name, sig, s) for s in plan.follow(log_lines) for sig, name in s.sources.items()]
         report.log_snapshot = merge(parts[::-1])
     await _surprises(report, fetcher, capacity, aliases or {}, post)
+    if check_memory:
+        report.surprises.append(_memory_note(report, memory_gb))
     return report
+
+
+def _memory_note(report: BackendReport, memory_gb: float | None) -> str:
+    """What model placement can do on this backend with the config's ``memory_gb``."""
+    swap = report.kind == LLAMASWAP
+    if memory_gb is not None:
+        return (f"memory_gb: {memory_gb:g} in config: a cold load is checked to fit beside the "
+                "busy models, and the idle models it evicts are priced")
+    if swap:
+        return ("memory_gb: not configured: llama-swap holds one model at a time, so a load "
+                "is taken to swap out every other model (no size check)")
+    if report.merged().known(Signal.RESIDENCY):
+        return ("memory_gb: not configured: placement sees residency only (which models are "
+                "loaded), with no fit check: a cold load is taken to fit and its evictions "
+                "are not priced; set memory_gb: for the memory its models may use")
+    return "memory_gb: not configured (the engine reports no residency: one model, always loaded)"
 
 
 async def _surprises(

@@ -1,6 +1,8 @@
 """Layer 1: placement on multi-model hosts (issue 15): load times learned from the engine, from
 a cold dispatch's TTFT, and from model sizes; the eviction price of a cold load and its
-victims, in the scheduler's decisions."""
+victims, in the scheduler's decisions; the replica rule (a warm model queues for its slot
+until its demand needs another host, within a wait bound) and bad input (a failed load, a
+model of unknown size, a model appearing mid-run)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,18 @@ from pharos.placement import (
     LOAD_BYTES_PER_SEC_DEFAULT,
     LoadRates,
     ModelDemand,
+    ReplicaRule,
     Resident,
+    drain_hold,
     horizon,
     reload_price,
+    replica_hold,
+    swap_hold,
     victims,
 )
 from pharos.policy import RouteReq, score
-from pharos.sched import Scheduler
+from pharos.sched import Guards, SchedRequest, Scheduler
+from pharos.state.registry import Target
 from pharos.state.state import State
 from pharos.state.stats import Sample, TargetStats, learn, load_sample
 from tests.unit.test_sched import GB, fleet, granted, ollama, req
@@ -202,3 +209,174 @@ def test_no_idle_victim_the_load_waits_as_before() -> None:
         x.release()
     assert waiting.called
     waiting.addCallback(lambda lease: lease.release())
+
+
+# --- item 2: replicas follow demand, within a wait bound ------------------------------------
+
+def test_the_replica_rule() -> None:
+    """A copy of a warm model is held while its demand fits its warm slots and waiting costs
+    less than the load and its eviction; it may load once demand exceeds the slots' share,
+    once waiting costs more, once the request has waited the bound, or with the rule off."""
+    rule = ReplicaRule(utilization=0.7, wait_bound_sec=30.0)
+    held = replica_hold(rule, demand=1.0, warm_slots=2, warm_wait=2.5, load_cost=3.0,
+                        waited=0.0)
+    assert held is not None and held.startswith("queued for a warm slot")
+    assert "wait 2.5s < load+evict 3.0s" in held and "of 2 warm slots" in held
+    assert replica_hold(rule, 1.5, 2, 2.5, 3.0, 0.0) is None  # demand > 2 x 0.7
+    assert replica_hold(rule, 1.0, 4, 2.5, 3.0, 0.0) is not None  # 4 slots serve it
+    assert replica_hold(rule, 1.0, 2, 3.5, 3.0, 0.0) is None  # waiting costs more
+    assert replica_hold(rule, 1.0, 2, 2.5, 3.0, 30.0) is None  # waited the bound
+    assert replica_hold(rule, 1.0, 0, 2.5, 3.0, 0.0) is None  # warm nowhere: load
+    assert replica_hold(ReplicaRule(utilization=None), 1.0, 2, 2.5, 3.0, 0.0) is None
+    with pytest.raises(ValueError):
+        ReplicaRule(utilization=0.0)
+    with pytest.raises(ValueError):
+        ReplicaRule(wait_bound_sec=0.0)
+
+
+def test_the_swap_and_drain_holds() -> None:
+    """A swap waits while the loaded model has requests queued, until the bound; past it only
+    for the requests queued before the loaded model came in (its batch); a host drains for a
+    model once its oldest request has waited the bound."""
+    rule = ReplicaRule(wait_bound_sec=30.0)
+    note = swap_hold(rule, "a", 3, 5.0)
+    assert note is not None and "3 queued for loaded a first" in note
+    assert swap_hold(rule, "a", 0, 5.0) is None
+    assert swap_hold(rule, "a", 3, 30.0) is None
+    assert swap_hold(rule, "a", 3, 30.0, batch=True) is not None
+    assert swap_hold(ReplicaRule(swap_grouping=False), "a", 3, 5.0) is None
+    assert drain_hold(rule, "c", 29.0) is None
+    assert drain_hold(rule, "c", 31.0) == "held for a swap to c (waited 31.0s >= 30.0s)"
+
+
+def pop_and_tail() -> tuple[Scheduler, State, Clock]:
+    """``pop`` loaded on h1 (2 slots), ``tail`` idle on h2; each host holds one 6 GB model."""
+    sizes = {"pop": 6 * GB, "tail": 6 * GB}
+    return fleet({
+        "http://h1:1": (ollama(["pop"], sizes), BackendSpec(url="http://h1:1", kind="ollama",
+                                                            memory_gb=10, capacity=2)),
+        "http://h2:1": (ollama(["tail"], sizes), BackendSpec(url="http://h2:1", kind="ollama",
+                                                             memory_gb=10, capacity=2)),
+    })
+
+
+def on_h2(state: State, model: str) -> Target:
+    return next(t for t in state.targets if t.model == model and t.backend.url == "http://h2:1")
+
+
+def test_a_warm_model_queues_for_its_slot_until_its_demand_needs_another_host() -> None:
+    """``pop`` on a full h1: a copy on h2 costs about what the wait does (within the cost
+    policy's tie window, where a cold target won on its lower utilization), so with little
+    demand the request queues for h1 and the reason says why; once pop's slot demand exceeds
+    h1's slots the copy loads on h2, and a request that waited the bound may load too."""
+    sched, state, clock = pop_and_tail()
+    on_h2(state, "pop").stats.load_sec.add(3.8)  # vs a 3.5 s wait for a slot on h1
+    leases = [granted(sched.acquire("k", 1, req("pop", seed=s))) for s in (1, 2)]
+    assert {x.target.backend.url for x in leases} == {"http://h1:1"}
+    r = req("pop", seed=3)
+    placed = sched.decide(r, sched.targets(r))
+    assert placed.decision.enqueue and placed.decision.target_id is not None
+    assert state.targets[placed.decision.target_id].backend.url == "http://h1:1"
+    assert "queued for a warm slot" in placed.decision.reason, placed.decision.reason
+    assert "demand" in placed.decision.reason
+    held = [s.set_aside for s in placed.decision.scores if s.set_aside is not None]
+    assert len(held) == 1 and held[0].startswith("queued for a warm slot")
+    # The same decision with the request past the bound: the copy competes (and wins).
+    late = sched.decide(r, sched.targets(r), waited=30.0)
+    assert late.decision.target_id == on_h2(state, "pop").id
+    # Demand above what h1's slots serve: the copy is allowed now.
+    for _ in range(8):
+        sched.slot_demand.add("pop", clock.seconds(), 20.0)
+    assert sched.slot_demand.rate("pop", clock.seconds()) > 2 * 0.7
+    busy = sched.decide(r, sched.targets(r))
+    assert busy.decision.target_id == on_h2(state, "pop").id
+    assert not busy.decision.enqueue
+    assert "queued for a warm slot" not in busy.decision.reason
+    for x in leases:
+        x.release()
+
+
+def test_without_the_rule_the_tie_loads_a_copy() -> None:
+    """The contrast: with ``replica_utilization`` off, the same tie goes to the cold copy."""
+    sched, state, _ = pop_and_tail()
+    sched.guards = Guards(placement=ReplicaRule(utilization=None))
+    on_h2(state, "pop").stats.load_sec.add(3.8)
+    leases = [granted(sched.acquire("k", 1, req("pop", seed=s))) for s in (1, 2)]
+    r = req("pop", seed=3)
+    assert sched.decide(r, sched.targets(r)).decision.target_id == on_h2(state, "pop").id
+    for x in leases:
+        x.release()
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_a_failed_load_is_not_retried_on_that_host_until_the_next_full_round() -> None:
+    """A cold dispatch that fails marks its host: the next request for the model is not
+    loaded there (set aside, said in the reason) until the host's next full round."""
+    sched, state, clock = pop_and_tail()
+    cold_lease = granted(sched.acquire("k", 1, SchedRequest(
+        "pop", 100, 5, exclude=frozenset({t.id for t in state.targets
+                                          if t.backend.url == "http://h1:1"}))))
+    assert cold_lease.cold and cold_lease.target.backend.url == "http://h2:1"
+    cold_lease.release(cold(ok=False))
+    full_round = cold_lease.target.backend.full_round
+    r = SchedRequest("pop", 100, 6, exclude=frozenset(
+        {t.id for t in state.targets if t.backend.url == "http://h1:1"}))
+    placed = sched.decide(r, sched.targets(r))
+    assert placed.decision.target_id is None
+    assert "load failed here this round" in placed.decision.reason
+    while cold_lease.target.backend.full_round == full_round:
+        clock.advance(1.0)
+    again = sched.decide(r, sched.targets(r))
+    assert again.decision.target_id == on_h2(state, "pop").id
+
+
+def test_a_model_of_unknown_size_loads_at_the_fleet_median_size() -> None:
+    """A model ``/api/tags`` lists without a size is taken at the median size of the others:
+    its load is estimated from it (the basis says so) and it is checked to fit."""
+    backend = ollama([], {"a": 4 * GB, "b": 6 * GB, "c": 8 * GB})
+    body = backend.answers["/api/tags"]
+    assert isinstance(body, tuple)
+    backend.answers["/api/tags"] = (200, body[1].replace(b',"size":8000000000', b""))
+    sched, state, _ = fleet({"http://h1:1": (backend, BackendSpec(
+        url="http://h1:1", kind="ollama", memory_gb=20, capacity=2))})
+    r = req("c")
+    (c,) = sched.decide(r, sched.targets(r)).candidates
+    assert state.view(state.targets[c.target_id]).size_bytes is None
+    assert sched.median_size() == 6 * GB
+    assert c.load_sec == pytest.approx(6 * GB / LOAD_BYTES_PER_SEC_DEFAULT)
+    assert c.load_basis == "load_sec=size/default (size=fleet median)"
+    assert c.fits_if_cold is True
+
+
+def test_a_model_that_appears_mid_run_is_served() -> None:
+    """A model pulled onto a host while Pharos runs is listed from the host's next full
+    round and served; the models there before keep being served."""
+    backend = ollama(["a"], {"a": 4 * GB})
+    sched, state, clock = fleet({"http://h1:1": (backend, BackendSpec(
+        url="http://h1:1", kind="ollama", memory_gb=20, capacity=2))})
+    granted(sched.acquire("k", 1, req("a"))).release()
+    fresh = ollama(["a"], {"a": 4 * GB, "new": 4 * GB})
+    backend.answers.update(fresh.answers)
+    for _ in range(12):
+        clock.advance(0.5)
+    lease = granted(sched.acquire("k", 1, req("new")))
+    assert lease.cold and lease.target.model == "new"
+    lease.release()
+    granted(sched.acquire("k", 1, req("a"))).release()
+
+
+def test_doctor_says_what_placement_does_with_memory_gb() -> None:
+    """``pharos doctor`` notes a host without ``memory_gb``: residency only, no fit check
+    (and llama-swap: one model at a time); with it, loads are checked and priced."""
+    from pharos.engine.doctor import BackendReport, _memory_note
+    from pharos.engine.signals import Residency, Snapshot
+
+    ollama_report = BackendReport("http://h:1", kind="ollama",
+                                  snapshot=Snapshot(residency={"a": Residency.LOADED}))
+    assert "residency only" in _memory_note(ollama_report, None)
+    assert "no fit check" in _memory_note(ollama_report, None)
+    assert _memory_note(ollama_report, 24.0).startswith("memory_gb: 24 in config")
+    swap = BackendReport("http://h:2", kind="llama-swap")
+    assert "one model at a time" in _memory_note(swap, None)
+    assert "no residency" in _memory_note(BackendReport("http://h:3", kind="vllm"), None)
