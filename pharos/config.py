@@ -814,6 +814,9 @@ class _Parser:
         if workers > 1 and peers is not None:
             self.error("workers", "more than one worker with peers: is not supported yet "
                        "(run one worker per instance in a mesh); remove one of them")
+        if workers > 1 and not listen.strports().startswith(("tcp:", "tcp6:")):
+            self.error("workers", f"more than one worker needs a TCP listen address (the "
+                       f"workers share its socket), not {listen.address!r}")
         return Config(
             listen=listen,
             policy=policy,

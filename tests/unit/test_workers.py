@@ -131,7 +131,10 @@ def test_public_address_needs_tcp() -> None:
     assert public_address(parse_config("listen: '[::1]:8090'\n")) == (
         socket.AF_INET6, "::1", 8090)
     with pytest.raises(WorkerError, match="TCP listen address"):
-        public_address(parse_config("listen: unix:/tmp/p.sock\nworkers: 2\n"))
+        public_address(parse_config("listen: unix:/tmp/p.sock\n"))
+    msgs = errors("listen: unix:/tmp/p.sock\nworkers: 2\n")
+    assert any(m.startswith("workers: more than one worker needs a TCP listen address")
+               for m in msgs)
 
 
 PAGE0 = b"""# HELP pharos_requests_total Finished requests
