@@ -4,9 +4,10 @@ Pharos and kept under ``tests/clients/<client>/<version>/``.
 A capture is ``calls.jsonl`` (one request a line, in the order the client sent them: method,
 path, query, headers, the body exactly as its bytes arrived, as text, and the status Pharos
 answered) and ``meta.json`` (client, version, how and when it was recorded). Keys never land in
-a capture: ``Authorization`` and ``x-api-key`` values are replaced by ``<KEY>`` (the replay puts
-its own key back), and text a client fills from the machine (temporary paths, dates, ids) is
-replaced by placeholders so a re-recording on another day or machine compares equal.
+a capture: ``Authorization`` and ``x-api-key`` values are replaced by ``<KEY>`` or
+``<OTHER-KEY>`` (the replay puts its own keys back), and text a client fills from the machine
+(temporary paths, dates, ids) is replaced by placeholders so a re-recording on another day or
+machine compares equal.
 
 ``Recorder`` wraps a site's root resource; ``compare`` gives the diff between a committed
 capture and a fresh recording of the installed client (empty: no change), which the client
@@ -20,7 +21,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ from twisted.web.resource import IResource, Resource, getChildForRequest
 from twisted.web.server import Request, Site
 
 HERE = Path(__file__).resolve().parent
+#: What a capture holds in place of the test's key, and of any other key a client sent.
 KEY = "<KEY>"
+OTHER_KEY = "<OTHER-KEY>"
 
 #: Headers a capture leaves out: the transport's (host and port change every run) and values
 #: the client derives from the machine or the moment rather than from what it was asked.
@@ -85,22 +88,27 @@ class Call:
             return None
 
 
-def _secret(name: str, value: str) -> str:
+def _secret(name: str, value: str, known: Collection[str]) -> str:
     if name == "authorization":
         scheme, _, rest = value.partition(" ")
-        return f"{scheme} {KEY}" if rest else KEY
-    return KEY
+        if rest:
+            return f"{scheme} {KEY if rest.strip() in known else OTHER_KEY}"
+    return KEY if value.strip() in known else OTHER_KEY
 
 
 class Recorder(Resource):
-    """Wraps a site's root: every request is recorded (``calls``), then served as before."""
+    """Wraps a site's root: every request is recorded (``calls``), then served as before;
+    ``keys``: the keys the test configured (recorded as ``<KEY>``, any other as
+    ``<OTHER-KEY>``, so a replay sends a good key where the client did, a wrong one where it
+    did)."""
 
     isLeaf = True
 
-    def __init__(self, inner: IResource,
+    def __init__(self, inner: IResource, keys: Collection[str] = (),
                  extra_scrub: Sequence[tuple[re.Pattern[str], str]] = ()) -> None:
         super().__init__()
         self.inner = inner
+        self.keys = frozenset(keys)
         self.extra_scrub = tuple(extra_scrub)
         self.calls: list[Call] = []
         self.skip: Callable[[Call], bool] = lambda call: False
@@ -123,7 +131,7 @@ class Recorder(Resource):
                 continue
             value = ",".join(v.decode("latin-1") for v in values)
             if name in SECRET:
-                value = _secret(name, value)
+                value = _secret(name, value, self.keys)
             elif name in NAME_ONLY:
                 value = "<VALUE>"
             headers[name] = scrub(value, self.extra_scrub)

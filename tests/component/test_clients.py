@@ -210,7 +210,8 @@ async def recorded(run: Callable[[str], Any], client: str, version: str,
     fleet = await start_fleet(engines or ENGINES, extra=[url],
                               keys=(Key(name="team", sha256=digest(SECRET)),))
     fleet.ports.append(engine)
-    recorder = Recorder.around(fleet.ports[-2].factory)  # type: ignore[attr-defined]
+    recorder = Recorder.around(fleet.ports[-2].factory,  # type: ignore[attr-defined]
+                               keys=(SECRET,))
     try:
         got = await deferToThread(run, fleet.url)
     finally:
@@ -388,11 +389,11 @@ def anthropic_python(url: str, model: str = "tiny") -> dict[str, Any]:
     api = anthropic.Anthropic(base_url=url, api_key=SECRET, max_retries=0)
     msgs: Any = [{"role": "user", "content": "Hello"}]
     out: dict[str, Any] = {"plain": api.messages.create(model=model, max_tokens=16,
-                                                        messages=msgs)}
+                                                        system="Be brief.", messages=msgs)}
     with api.messages.stream(model=model, max_tokens=16, messages=msgs) as stream:
         out["text"] = "".join(stream.text_stream)
         out["final"] = stream.get_final_message()
-    turn2: Any = [*msgs, {"role": "assistant", "content": out["text"] or "Hi"},
+    turn2: Any = [*msgs, {"role": "assistant", "content": out["plain"].content[0].text},
                   {"role": "user", "content": "And then?"}]
     out["turn2"] = api.messages.create(model=model, max_tokens=16, system="Be brief.",
                                        messages=turn2)
@@ -411,7 +412,7 @@ def anthropic_python(url: str, model: str = "tiny") -> dict[str, Any]:
 async def test_anthropic_python_capture() -> None:
     """The Anthropic Python SDK on /v1/messages with its x-api-key header (against the
     vLLM-like double, which serves the route as vLLM 0.32 does; the live llama.cpp run is in
-    test_clients_live.py): plain, streamed, a second turn with a system prompt, 401 for a
+    test_clients_live.py): plain and a second turn with a system prompt, streamed, 401 for a
     wrong key; its committed capture."""
     version = importlib.metadata.version("anthropic")
     got, diff, _ = await recorded(anthropic_python, "anthropic-python", version)
