@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pharos.config import COST_MODEL_FIELDS
 from pharos.engine.library import OLLAMA
 from pharos.policy import Score, deciding_term
 from pharos.proxy import errors
@@ -118,6 +119,9 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         "evicts_models": list(c.victims),
         "reload_price_sec": c.reload_sec,
         "load_basis": c.load_basis,
+        # The backend's calibrated prefill cost (a, b, d), used instead of the learned speed.
+        "cost_model": None if c.prefill_model is None else dict(
+            zip(COST_MODEL_FIELDS, c.prefill_model, strict=True)),
         "learned": {
             "prefill_sec_per_token": c.prefill_sec_per_token,
             "load_sec": c.load_sec,

@@ -559,7 +559,9 @@ class BatchModel(ModelCore):
             job.state = RUNNING
             job.slot = heapq.heappop(self._free_slots)
             if job.admitted_at is None:
-                job.admitted_at = self.clock.seconds()
+                # The step's virtual start, not the clock after this planning work: the
+                # prefill time vLLM reports runs from there (calibration fits it).
+                job.admitted_at = step.start
                 job.cached_tokens = cached
                 self._count_admit(job)
             self._schedule(step, seq, n)
@@ -609,9 +611,13 @@ class BatchModel(ModelCore):
             self._generated_total += 1
             if index == 0:
                 job.first_token_at = now
-                job.prefill_seconds = now - (job.admitted_at if job.admitted_at is not None
-                                             else now)
+                # Stamped at the step's planned end, as vLLM stamps its engine core's first
+                # token, so an idle engine's prefill time is P(u, c) to the microsecond
+                # whatever the reactor's lateness (calibration reads it).
+                job.prefill_seconds = step.end - (job.admitted_at if job.admitted_at is not None
+                                                  else step.end)
                 self._prefill_total += job.prefill_seconds
+                self._prefills += 1
             last = job.tokens_done >= job.output_tokens
             if last:
                 self._finish(seq, now)

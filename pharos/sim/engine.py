@@ -45,6 +45,7 @@ class ModelCore:
         self._cached_total = 0
         self._generated_total = 0
         self._prefill_total = 0.0
+        self._prefills = 0  # first tokens produced: prefills completed
         self._decode_total = 0.0
         self._tokens_max = 0
         self._finished: dict[str, int] = {}
@@ -137,6 +138,7 @@ class ModelCore:
             cached_tokens_total=self._cached_total,
             generated_tokens_total=self._generated_total,
             prefill_seconds_total=self._prefill_total,
+            prefills_total=self._prefills,
             decode_seconds_total=self._decode_total,
             tokens_max=self._tokens_max,
             finished=dict(self._finished),

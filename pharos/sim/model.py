@@ -241,6 +241,8 @@ class EngineStatus:
     cached_tokens_total: int = 0
     generated_tokens_total: int = 0
     prefill_seconds_total: float = 0.0
+    #: Prefills completed (first tokens produced): the count of vLLM's prefill-time histogram.
+    prefills_total: int = 0
     decode_seconds_total: float = 0.0
     tokens_max: int = 0
     finished: Mapping[str, int] = field(default_factory=dict)

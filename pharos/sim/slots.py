@@ -490,6 +490,7 @@ class SlotModel(ModelCore):
                     job.prefill_seconds = end - (s.started if s.started is not None else
                                                  step.start)
                     self._prefill_total += job.prefill_seconds
+                    self._prefills += 1
                 index = job.tokens_done
                 job.tokens_done += 1
                 self._generated_total += 1

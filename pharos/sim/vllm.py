@@ -79,6 +79,10 @@ class VllmFlavor(Flavor):
             "vllm:prompt_tokens_total": status.prompt_tokens_total,
             "vllm:prompt_tokens_cached_total": status.cached_tokens_total,
             "vllm:generation_tokens_total": status.generated_tokens_total,
+            # The prefill-time histogram's sum and count (fixtures/vllm/0.32.0/prefix/metrics);
+            # its buckets stay as recorded.
+            "vllm:request_prefill_time_seconds_sum": status.prefill_seconds_total,
+            "vllm:request_prefill_time_seconds_count": status.prefills_total,
         }
         labelled: dict[tuple[str, str], float] = {
             ("vllm:num_requests_waiting_by_reason", 'reason="capacity"'): status.waiting,

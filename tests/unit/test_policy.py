@@ -686,6 +686,8 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "victims": st.lists(st.sampled_from(["a", "b"]), max_size=2).map(tuple),
     "load_basis": _opt(st.sampled_from(["load_sec=size/host", "load_sec=size/default"])),
     "held": _opt(st.sampled_from(["queued for a warm slot", "swap held"])),
+    "prefill_model": _opt(st.tuples(st.floats(0.0, 0.01), st.floats(0.0, 1e-7),
+                                    st.floats(0.0, 0.05))),
 }
 BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "int": st.integers(0, 10_000),
