@@ -181,6 +181,9 @@ REPLICA_UTILIZATION: Final = 0.7
 #: single-model host, before a load is allowed for it (assumed: about ten loads of a 4 GB
 #: model; long enough to group a burst, short enough that a tail model is served).
 LOAD_WAIT_BOUND_SEC: Final = 30.0
+#: Seconds over which a model's slot demand decays to a half: ``pharos.hot``'s, so a burst
+#: shows within seconds (at 60 s, ten seconds of twice a host's load read as a third of it).
+SLOT_DEMAND_HALF_LIFE_SEC: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +207,19 @@ def _s(x: float) -> str:
     return f"{x:.1f}s"
 
 
+def replica_needed(rule: ReplicaRule, demand: float, warm_slots: int) -> str | None:
+    """Whether a model's slot demand (slot-seconds per second) is more than its warm hosts'
+    ``warm_slots`` serve at ``utilization``: then a request finding them full loads a copy
+    (the warm full hosts are held for it) instead of joining a queue that only grows. None:
+    not needed (``replica_hold`` decides)."""
+    if rule.utilization is None or warm_slots <= 0:
+        return None
+    served = warm_slots * rule.utilization
+    if demand <= served:
+        return None
+    return f"replica needed: demand {demand:.2f} > {served:.2f} of {warm_slots} warm slots"
+
+
 def replica_hold(rule: ReplicaRule, demand: float, warm_slots: int, warm_wait: float,
                  load_cost: float, waited: float) -> str | None:
     """Whether a request for a model already warm on hosts with ``warm_slots`` slots should
@@ -221,8 +237,8 @@ def replica_hold(rule: ReplicaRule, demand: float, warm_slots: int, warm_wait: f
     served = warm_slots * rule.utilization
     if demand > served or warm_wait > load_cost:
         return None
-    return (f"queued for a warm slot: wait {_s(warm_wait)} < load+evict {_s(load_cost)}, "
-            f"demand {demand:.2f} <= {served:.2f} of {warm_slots} warm slots")
+    return (f"no copy, a warm slot costs less: wait {_s(warm_wait)} < load+evict "
+            f"{_s(load_cost)}, demand {demand:.2f} <= {served:.2f} of {warm_slots} warm slots")
 
 
 def swap_hold(rule: ReplicaRule, loaded: str, loaded_waiting: int, waited: float,

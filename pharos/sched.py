@@ -30,6 +30,7 @@ from pharos.fairq import FairQueue, Shares
 from pharos.hot import UTILIZATION, HotPrefixes
 from pharos.placement import (
     KEEP_ALIVE_SEC,
+    SLOT_DEMAND_HALF_LIFE_SEC,
     LoadRates,
     ModelDemand,
     ReplicaRule,
@@ -38,6 +39,7 @@ from pharos.placement import (
     horizon,
     reload_price,
     replica_hold,
+    replica_needed,
     swap_hold,
     victims,
 )
@@ -339,7 +341,7 @@ class Scheduler:
         self.demand = ModelDemand()
         #: Each model's slot demand (slot-seconds per second, as ``hot`` counts roots): how
         #: many slots it keeps busy, for the replica rule (``placement.replica_hold``).
-        self.slot_demand = ModelDemand()
+        self.slot_demand = ModelDemand(SLOT_DEMAND_HALF_LIFE_SEC)
         #: Per host (URL), the model last dispatched there, when, and since when it has been
         #: the one dispatched (its swap-in): on a host that holds one model at a time it is the
         #: loaded one until a round says otherwise.
@@ -934,16 +936,24 @@ class Scheduler:
         if not loads:
             return out
         note = None
-        if warm:
-            service = self.policy.service_sec_default
-            warm_wait = min(c.queued_prefill_sec + (
-                0.0 if c.free_slots > 0 else
-                (c.queue_ahead + 1) / c.capacity * (c.service_sec or service)) for c in warm)
-            load_cost = min((c.load_sec or self.policy.load_sec_default) + c.reload_sec
-                            for c in loads)
-            note = replica_hold(rule, self.slot_demand.rate(req.model, now),
-                                sum(c.capacity for c in warm), warm_wait, load_cost, waited)
         held: dict[int, str] = {}
+        if warm:
+            demand = self.slot_demand.rate(req.model, now)
+            slots = sum(c.capacity for c in warm)
+            needed = replica_needed(rule, demand, slots)
+            if needed is not None:
+                # A queue for the warm hosts would only grow: a request finding them full
+                # loads a copy (wherever the cost says, eviction priced).
+                held = {c.target_id: needed for c in warm if c.free_slots <= 0}
+            else:
+                service = self.policy.service_sec_default
+                warm_wait = min(c.queued_prefill_sec + (
+                    0.0 if c.free_slots > 0 else
+                    (c.queue_ahead + 1) / c.capacity * (c.service_sec or service))
+                    for c in warm)
+                load_cost = min((c.load_sec or self.policy.load_sec_default) + c.reload_sec
+                                for c in loads)
+                note = replica_hold(rule, demand, slots, warm_wait, load_cost, waited)
         for c in loads:
             if note is not None:
                 held[c.target_id] = note

@@ -1,7 +1,9 @@
 """Layer 3: placement over loopback (issue 15). Three simulated Ollama hosts that each hold one
 model at a time, a popular model loaded on two of them, and tail models asked for one after
 another: each tail load evicts the previous tail model (idle, little demand), never the popular
-one, and the decision's reason names the victim and its price."""
+one, and the decision's reason names the victim and its price. The popular model on one host:
+asked for one at a time it stays there (a request finding it full queues for a warm slot, and
+explain says why); asked for more than its slots serve, it gets a second host."""
 
 from __future__ import annotations
 
@@ -83,5 +85,68 @@ async def test_the_tail_evicts_the_idle_tail_never_the_popular_model() -> None:
             assert pop_c["reload_price_sec"] > tail_c["reload_price_sec"] > 0
             assert pop_c["estimate"]["reload_sec"] == pop_c["reload_price_sec"]
         assert doc["winner"].startswith(tail_host.url)
+    finally:
+        await fleet.stop()
+
+
+def hosts_of(fleet: Fleet, model: str) -> list[str]:
+    return [d.url for d in fleet.doubles if model in loaded(d)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_demand_above_one_hosts_slots_gets_a_second_host() -> None:
+    """The popular model on one host (2 slots), idle tail models on the two others. Asked for
+    one request at a time it stays on its one host (no copy evicts a tail model); asked for
+    six at a time, over and over (more than its host's slots serve), it gets a second host,
+    loaded over an idle tail model, never over itself, and every request is served."""
+    slow = {**HOST, "decode_s": 0.08}  # about 0.7 s a reply: a queue costs more than a load
+    fleet = await start_fleet([
+        ("ollama", {**slow, "loaded": ["pop"]}, BACKEND),
+        ("ollama", {**slow, "loaded": ["t1"]}, BACKEND),
+        ("ollama", {**slow, "loaded": ["t2"]}, BACKEND),
+    ])
+    first = fleet.doubles[0]
+    try:
+        await eventually(lambda: seen_loaded(fleet, first, "pop")
+                         and seen_loaded(fleet, fleet.doubles[1], "t1")
+                         and seen_loaded(fleet, fleet.doubles[2], "t2"), timeout=10)
+        for _ in range(8):  # low demand: one at a time
+            r = await ok(fleet, "pop")
+            assert r.headers.getRawHeaders(b"x-pharos-backend") == [first.url.encode()]
+        assert hosts_of(fleet, "pop") == [first.url]
+        assert loaded(fleet.doubles[1]) == {"t1"} and loaded(fleet.doubles[2]) == {"t2"}
+        # Its host full: a request would queue for a warm slot, and explain says why.
+        first.hold()
+        busy = [ensureDeferred(ok(fleet, "pop")) for _ in range(2)]
+        await eventually(lambda: fleet.target(first, "pop").inflight == 2, timeout=10)
+        r = await fleet.post("/admin/explain/v1/chat/completions",
+                             {"model": "pop", "messages": [{"role": "user", "content": "hi"}]})
+        doc = json.loads(await r.content())
+        assert doc["enqueue"] and doc["winner"].startswith(first.url), doc
+        assert "queued: no free slot" in doc["reason"], doc["reason"]
+        assert "no copy, a warm slot costs less" in doc["reason"], doc["reason"]
+        held = [c["set_aside"] for c in doc["candidates"] if c["backend"] != first.url]
+        assert len(held) == 2 and all(h.startswith("no copy, a warm slot costs less")
+                                      for h in held), held
+        first.release()
+        await gatherResults(busy)
+        served: set[str] = set()
+        copies: list[str] = []  # the reasons of the requests that loaded a copy
+        for _ in range(20):  # high demand: six at a time
+            replies = await gatherResults([ensureDeferred(ok(fleet, "pop")) for _ in range(6)])
+            for r in replies:
+                backend = r.headers.getRawHeaders(b"x-pharos-backend")[0].decode()
+                served.add(backend)
+                if backend != first.url:
+                    copies.append(r.headers.getRawHeaders(b"x-pharos-reason")[0].decode())
+            if len(served) > 1:
+                break
+        assert len(served) > 1, served
+        assert any("evicts t" in reason for reason in copies), copies
+        assert not any("evicts pop" in reason for reason in copies), copies
+        assert first.url in hosts_of(fleet, "pop")
+        assert len(hosts_of(fleet, "pop")) >= 2
+        slots = fleet.pharos.sched.slot_demand.rate("pop", fleet.pharos.state.clock.seconds())
+        assert slots > 2 * 0.7  # more than one host's slots serve (replica_utilization)
     finally:
         await fleet.stop()

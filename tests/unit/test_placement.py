@@ -220,7 +220,7 @@ def test_the_replica_rule() -> None:
     rule = ReplicaRule(utilization=0.7, wait_bound_sec=30.0)
     held = replica_hold(rule, demand=1.0, warm_slots=2, warm_wait=2.5, load_cost=3.0,
                         waited=0.0)
-    assert held is not None and held.startswith("queued for a warm slot")
+    assert held is not None and held.startswith("no copy, a warm slot costs less")
     assert "wait 2.5s < load+evict 3.0s" in held and "of 2 warm slots" in held
     assert replica_hold(rule, 1.5, 2, 2.5, 3.0, 0.0) is None  # demand > 2 x 0.7
     assert replica_hold(rule, 1.0, 4, 2.5, 3.0, 0.0) is not None  # 4 slots serve it
@@ -277,10 +277,11 @@ def test_a_warm_model_queues_for_its_slot_until_its_demand_needs_another_host() 
     placed = sched.decide(r, sched.targets(r))
     assert placed.decision.enqueue and placed.decision.target_id is not None
     assert state.targets[placed.decision.target_id].backend.url == "http://h1:1"
-    assert "queued for a warm slot" in placed.decision.reason, placed.decision.reason
+    assert "queued: no free slot" in placed.decision.reason
+    assert "no copy, a warm slot costs less" in placed.decision.reason, placed.decision.reason
     assert "demand" in placed.decision.reason
     held = [s.set_aside for s in placed.decision.scores if s.set_aside is not None]
-    assert len(held) == 1 and held[0].startswith("queued for a warm slot")
+    assert len(held) == 1 and held[0].startswith("no copy, a warm slot costs less")
     # The same decision with the request past the bound: the copy competes (and wins).
     late = sched.decide(r, sched.targets(r), waited=30.0)
     assert late.decision.target_id == on_h2(state, "pop").id
@@ -291,7 +292,8 @@ def test_a_warm_model_queues_for_its_slot_until_its_demand_needs_another_host() 
     busy = sched.decide(r, sched.targets(r))
     assert busy.decision.target_id == on_h2(state, "pop").id
     assert not busy.decision.enqueue
-    assert "queued for a warm slot" not in busy.decision.reason
+    assert "no copy, a warm slot costs less" not in busy.decision.reason
+    assert "replica needed: demand" in busy.decision.reason
     for x in leases:
         x.release()
 
@@ -380,3 +382,24 @@ def test_doctor_says_what_placement_does_with_memory_gb() -> None:
     swap = BackendReport("http://h:2", kind="llama-swap")
     assert "one model at a time" in _memory_note(swap, None)
     assert "no residency" in _memory_note(BackendReport("http://h:3", kind="vllm"), None)
+
+
+def test_the_rules_parameters_in_config() -> None:
+    """``routing.replica_utilization``, ``load_wait_bound`` and ``swap_grouping`` reach the
+    scheduler's rule; out of range or unknown, the error names the field."""
+    from pharos.config import ConfigError, parse_config
+    from pharos.tap import _routing
+
+    cfg = parse_config("routing:\n  replica_utilization: 0.5\n  load_wait_bound: 1m\n"
+                       "  swap_grouping: false\n")
+    assert _routing(cfg)[1].placement == ReplicaRule(0.5, 60.0, False)
+    off = parse_config("routing:\n  replica_utilization: null\n")
+    assert _routing(off)[1].placement.utilization is None
+    assert _routing(parse_config("listen: 127.0.0.1:1\n"))[1].placement == ReplicaRule()
+    for bad, field in (("replica_utilization: 1.5", "routing.replica_utilization"),
+                       ("load_wait_bound: 0s", "routing.load_wait_bound"),
+                       ("swap_grouping: 3", "routing.swap_grouping"),
+                       ("replica_utilisation: 0.5", "replica_utilisation")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"routing:\n  {bad}\n")
+        assert field in str(info.value), (bad, str(info.value))
