@@ -6,8 +6,10 @@ whose lines end in a bare LF is never split into lines, so it waits for the idle
 the idle timer restarts on every byte, so a client sending one header byte every 20 s is never
 cut off. This channel answers every protocol error in JSON (in the error shape of the route
 when the request line got that far), refuses bare-LF heads at once, gives a request head
-``timeouts.request_headers`` to arrive whole, and tells HTTP/1.0 clients the connection
-closes after the reply (twisted.web never keeps one open).
+``timeouts.request_headers`` to arrive whole and its body ``timeouts.request_body`` after it,
+and tells HTTP/1.0 clients the connection closes after the reply (twisted.web never keeps one
+open). An idle keep-alive connection is closed after ``timeouts.idle`` (the site's
+``timeOut``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 from zope.interface import implementer
 
-from pharos.config import DEFAULT_REQUEST_HEADERS
+from pharos.config import DEFAULT_REQUEST_BODY, DEFAULT_REQUEST_HEADERS
 from pharos.proxy.errors import ApiError, is_ollama_path
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout",
@@ -35,6 +37,7 @@ class PharosChannel(HTTPChannel):
     in time and must end their lines in CRLF."""
 
     head_deadline = DEFAULT_REQUEST_HEADERS
+    body_deadline = DEFAULT_REQUEST_BODY
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,6 +61,16 @@ class PharosChannel(HTTPChannel):
         super().allHeadersReceived()
         if self._version != b"HTTP/1.1":
             self.requests[-1].responseHeaders.setRawHeaders(b"connection", [b"close"])
+        if self.length != 0 and self.transport is not None:  # a body to come: bounded in time
+            self._head_timer = self.callLater(self.body_deadline, self._body_too_slow)
+
+    def allContentReceived(self) -> None:
+        self._stop_head_timer()
+        super().allContentReceived()
+
+    def _body_too_slow(self) -> None:
+        self._head_timer = None
+        self._refuse(408, f"the request body did not arrive within {self.body_deadline:g} s")
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
@@ -101,10 +114,12 @@ class PublicSite(Site):
     belongs to obs, without prompt text)."""
 
     head_deadline = DEFAULT_REQUEST_HEADERS
+    body_deadline = DEFAULT_REQUEST_BODY
 
     def protocol(self) -> _GenericHTTPChannelProtocol:
         channel = PharosChannel()
         channel.head_deadline = self.head_deadline
+        channel.body_deadline = self.body_deadline
         return _GenericHTTPChannelProtocol(channel)
 
     def log(self, request: Any) -> None:

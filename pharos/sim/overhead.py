@@ -197,7 +197,29 @@ def main_overhead(argv: list[str]) -> int:
     f.add_argument("--soak", type=int, default=0,
                    help="then this many requests through Pharos: its RSS (35000: item 4)")
     f.add_argument("--no-pin", action="store_true", help="no taskset")
+    b = p.add_argument_group(
+        "bad input", "--bad-input: slow clients, a header a byte a second and idle keep-alive "
+        "connections against Pharos: its memory, a fast client's latency, the timeouts "
+        "(pharos.bench.badinput)")
+    b.add_argument("--bad-input", action="store_true")
+    b.add_argument("--slow-clients", type=int, default=1000)
+    b.add_argument("--slow-seconds", type=float, default=20.0)
+    b.add_argument("--idle-connections", type=int, default=10_000)
+    b.add_argument("--idle", type=float, default=None,
+                   help="Pharos's timeouts.idle for the run (default: its default)")
+    b.add_argument("--request-body", type=float, default=None,
+                   help="Pharos's timeouts.request_body for the run (default: its default)")
     a = p.parse_args(argv)
+    if a.bad_input:
+        from pharos.bench.badinput import bench_bad_input, print_bad_input
+
+        br = bench_bad_input(a.slow_clients, a.slow_seconds, a.idle_connections, a.idle,
+                             a.request_body, pin=not a.no_pin)
+        if a.json:
+            print(json.dumps(br, indent=2))
+        else:
+            print_bad_input(br)
+        return 0
     if a.floor:
         routers = tuple(r for r in a.routers.split(",") if r)
         unknown = sorted(set(routers) - set(ROUTERS))

@@ -825,16 +825,18 @@ def test_timeouts_section() -> None:
 
     assert parse_config("").timeouts == Timeouts()
     t = parse_config("timeouts:\n  first_byte: {generate: 90s, embeddings: 5}\n"
-                     "  stream_idle: 1m\n  request_headers: 2.5\n  queue_stuck: 1h\n").timeouts
+                     "  stream_idle: 1m\n  request_headers: 2.5\n  queue_stuck: 1h\n"
+                     "  request_body: 2m\n  idle: 15s\n").timeouts
     assert t == Timeouts(first_byte_generate=90, first_byte_embeddings=5, stream_idle=60,
-                         request_headers=2.5, queue_stuck=3600)
+                         request_headers=2.5, queue_stuck=3600, request_body=120, idle=15)
     with pytest.raises(_ConfigError) as info:
         parse_config("timeouts:\n  first_byte: {generate: 0, chat: 5s}\n  stream_idle: -1\n"
-                     "  request_headers: true\n  idle: 5s\n")
+                     "  request_headers: true\n  keepalive: 5s\n  idle: 0\n"
+                     "  request_body: -2s\n")
     text = str(info.value)
     for path in ("timeouts.first_byte.generate", "timeouts.first_byte: unknown field 'chat'",
-                 "timeouts.stream_idle", "timeouts.request_headers",
-                 "timeouts: unknown field 'idle'"):
+                 "timeouts.stream_idle", "timeouts.request_headers", "timeouts.idle",
+                 "timeouts.request_body", "timeouts: unknown field 'keepalive'"):
         assert path in text, path
 
 
