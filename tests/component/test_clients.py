@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -199,7 +200,7 @@ def node_version(package: str) -> str:
 
 
 async def recorded(run: Callable[[str], Any], client: str, version: str,
-                   engines: Any = None) -> tuple[Any, str, list[Call]]:
+                   engines: Any = None, scrub: Any = ()) -> tuple[Any, str, list[Call]]:
     """``run(pharos_url)`` in a thread against the demo-like fleet with a key configured and a
     recording sink in front of Pharos; what it returned, the diff of its calls against the
     committed capture of ``client`` ``version`` ("" when the same), and the calls."""
@@ -211,7 +212,7 @@ async def recorded(run: Callable[[str], Any], client: str, version: str,
                               keys=(Key(name="team", sha256=digest(SECRET)),))
     fleet.ports.append(engine)
     recorder = Recorder.around(fleet.ports[-2].factory,  # type: ignore[attr-defined]
-                               keys=(SECRET,))
+                               keys=(SECRET,), extra_scrub=scrub)
     try:
         got = await deferToThread(run, fleet.url)
     finally:
@@ -420,4 +421,51 @@ async def test_anthropic_python_capture() -> None:
     assert got["text"] and got["final"].usage.output_tokens > 0
     assert got["turn2"].content
     assert got["wrong_key"] == 401
+    assert not diff, diff
+
+
+#: What Claude Code fills in from the machine: its device id, the kernel in its system prompt.
+CLAUDE_SCRUB = ((re.compile(r"\b[0-9a-f]{64}\b"), "<DEVICE-ID>"),
+                (re.compile(r"OS Version: [^\\\n\"]*"), "OS Version: <OS>"))
+
+
+def claude_code(prompt: str, workdir: Path, model: str = "tiny") -> Callable[[str], Any]:
+    """A runner for ``claude -p PROMPT`` (npm @anthropic-ai/claude-code) with
+    ANTHROPIC_BASE_URL at Pharos, the key in ANTHROPIC_API_KEY, every model named ``model``,
+    no traffic but to Pharos, a fresh HOME: (exit code, stdout, stderr)."""
+    exe = CLIENTS / "node_modules" / ".bin" / "claude"
+    node_version("@anthropic-ai/claude-code")
+
+    def run(url: str) -> tuple[int, str, str]:
+        (workdir / "home").mkdir(exist_ok=True)
+        (workdir / "cwd").mkdir(exist_ok=True)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir / "home"), "SHELL": "/bin/bash",
+               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": SECRET,
+               "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+               "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+               "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+        r = subprocess.run([str(exe), "-p", prompt], capture_output=True, text=True, env=env,
+                           timeout=300, cwd=workdir / "cwd", stdin=subprocess.DEVNULL)
+        return r.returncode, r.stdout, r.stderr
+    return run
+
+
+@pytest_twisted.ensureDeferred
+async def test_claude_code_capture(tmp_path: Path) -> None:
+    """Claude Code (``claude -p``) through Pharos on llama.cpp's recorded /v1/messages stream
+    with its key in x-api-key: every request is a streamed POST /v1/messages?beta=true with
+    its tools and beta headers, Pharos relays the stream whole (Claude Code reads the recorded
+    ``stop_reason: max_tokens`` and, after retrying with a higher limit, reports it: the
+    recorded model never ends a turn; test_clients_live.py has it answer), and what it sent
+    equals its committed capture."""
+    version = node_version("@anthropic-ai/claude-code")
+    (code, out, err), diff, calls = await recorded(
+        claude_code("Say hello", tmp_path), "claude-code", version, scrub=CLAUDE_SCRUB)
+    assert code == 1 and "output token maximum" in out, (code, out, err[-2000:])
+    assert calls and all(c.method == "POST" and c.path == "/v1/messages" and
+                         c.query == "beta=true" and c.status == 200 for c in calls), paths(calls)
+    first = calls[0]
+    assert first.headers["x-api-key"] == "<KEY>" and "authorization" not in first.headers
+    assert first.json()["stream"] is True and first.json()["tools"]
     assert not diff, diff

@@ -44,11 +44,24 @@ def headers_of(call: Call) -> Headers:
 
 
 def conversation(call: Call) -> tuple[str, list[Any]] | None:
-    """(model and system prompt, messages) of a chat-like body; None for other calls."""
+    """(model and system prompt, each message's role and text) of a chat-like body; None for
+    other calls."""
     doc = call.json()
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         return None
-    return json.dumps([doc.get("model"), doc.get("system")]), doc["messages"]
+    return json.dumps([doc.get("model"), text_of(doc.get("system"))]), \
+        [(m.get("role"), text_of(m.get("content"))) if isinstance(m, dict) else m
+         for m in doc["messages"]]
+
+
+def text_of(content: Any) -> Any:
+    """A message's text whether sent as a string or as a list of text blocks (a client may
+    send the same message either way from one turn to the next: Claude Code moves its
+    cache_control marker, so the block list of turn 1 is a string in turn 2)."""
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         for b in content):
+        return "".join(str(b.get("text")) for b in content)
+    return content
 
 
 def usage_lines(body: bytes) -> list[Any]:
@@ -115,8 +128,13 @@ async def test_capture_replays(client: str, version: str) -> None:
         earlier = [d for m, msgs, d in seen
                    if m == model and len(msgs) < len(messages) and messages[:len(msgs)] == msgs]
         if earlier:
-            chains += 1
-            assert done.predicted_tokens > 0, f"{where}: the second turn was not predicted"
+            # A recorded engine reports the same cached tokens whatever it is sent, so it may
+            # correct a prediction (wrong_prediction), which rightly drops it for the turns
+            # after; the live engines and the doubles report what they hold.
+            corrected = any(d.prefix == "wrong_prediction" for d in earlier)
+            assert done.predicted_tokens > 0 or corrected, \
+                f"{where}: the next turn was not predicted"
+            chains += done.predicted_tokens > 0
             assert done.target == earlier[-1].target, f"{where}: left its prefix's engine"
         seen.append((model, messages, done))
     multi_turn = any(conversation(c) and len(conversation(c)[1]) > 1  # type: ignore[index]
