@@ -11,9 +11,9 @@ client's chat latency:
    Reported: the header trickler's status and when it came (``timeouts.request_headers``), how
    many body tricklers Pharos had cut (it cuts them at ``timeouts.request_body``), Pharos's
    RSS, and the fast client's latency meanwhile.
-2. ``idle``: 10,000 keep-alive connections, each after one chat; Pharos's RSS with all of them
-   open, the fast client's latency while they are held, then how many Pharos closed, and when,
-   once ``timeouts.idle`` passed.
+2. ``idle``: 10,000 keep-alive connections, 2,000 of them after one chat and the rest never
+   sending a byte; Pharos's RSS with all of them open, the fast client's latency while they
+   are held, then how many Pharos closed, and when, once ``timeouts.idle`` passed.
 
 The fast client is one keep-alive connection sending the floor's tiny chat one after another;
 its p50/p99 during a phase against the baseline is "other clients unaffected".
@@ -155,17 +155,23 @@ async def _slow_phase(port: int, pid: int, fast_raw: bytes, clients: int,
             "fast_client_requests": len(fast)}
 
 
-async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int,
+async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int, used: int,
                       idle: float) -> dict[str, Any]:
+    """``connections`` keep-alive connections, the first ``used`` after one chat each, the
+    rest never sending a byte; held while a fast client is measured, then until Pharos
+    closes them."""
     raw = request_bytes(port, _chat())
     conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     rss0 = rss_mb(pid)
     statuses: dict[int, int] = {}
     sem = asyncio.Semaphore(64)
 
-    async def one() -> None:
+    async def one(request: bool) -> None:
         async with sem:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if not request:  # connected only: idle from its first moment
+                conns.append((reader, writer))
+                return
             buf = bytearray()
             writer.write(raw)
             while (got := parse_response(buf)) is None:
@@ -177,7 +183,7 @@ async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int,
             conns.append((reader, writer))
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(connections)))
+    await asyncio.gather(*(one(i < used) for i in range(connections)))
     opened_s = time.perf_counter() - t0
     t_last = time.perf_counter()
     rss_open = rss_mb(pid)
@@ -198,7 +204,8 @@ async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int,
         writer.close()
     closed_at.sort()
     await asyncio.sleep(1.0)
-    return {"connections": connections, "statuses": {str(k): v for k, v in statuses.items()},
+    return {"connections": connections, "after_one_chat": used,
+            "statuses": {str(k): v for k, v in statuses.items()},
             "seconds_to_open": round(opened_s, 1), "idle_timeout_s": idle,
             "rss_before_mb": round(rss0, 1), "rss_all_open_mb": round(rss_open, 1),
             "rss_after_closed_mb": round(rss_mb(pid), 1),
@@ -210,7 +217,8 @@ async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int,
 
 
 def bench_bad_input(slow_clients: int = 1000, slow_seconds: float = 20.0,
-                    idle_connections: int = 10_000, idle: float | None = None,
+                    idle_connections: int = 10_000, idle_used: int = 2_000,
+                    idle: float | None = None,
                     request_body: float | None = None, pin: bool = True) -> dict[str, Any]:
     """Start the engine and Pharos, run the phases, stop both."""
     _raise_fd_limit(idle_connections + slow_clients + 200)
@@ -252,7 +260,8 @@ def bench_bad_input(slow_clients: int = 1000, slow_seconds: float = 20.0,
                 out["baseline"] = {"fast_client_ms": _summary(
                     await _measure_fast(port, fast_raw, 5.0)), "rss_mb": round(rss_mb(pid), 1)}
                 out["slow"] = await _slow_phase(port, pid, fast_raw, slow_clients, slow_seconds)
-                out["idle"] = await _idle_phase(port, pid, fast_raw, idle_connections, idle_s)
+                out["idle"] = await _idle_phase(port, pid, fast_raw, idle_connections,
+                                                idle_used, idle_s)
                 out["after"] = {"fast_client_ms": _summary(
                     await _measure_fast(port, fast_raw, 3.0)), "rss_mb": round(rss_mb(pid), 1)}
 

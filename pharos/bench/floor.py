@@ -420,6 +420,10 @@ def _measure_stream(stream_port: int, pharos_port: int, tokens: int, decode_ms: 
                            "events_per_stream": events}
     for t in gaps:
         out[t] = {"gap_ms": _summary(gaps[t]),
+                  "gap_mean_ms": round(sum(gaps[t]) / len(gaps[t]) * MS, 3) if gaps[t] else None,
+                  # events read together with the one before (a relay that batches shows here)
+                  "gaps_zero_share": round(sum(1 for g in gaps[t] if g == 0) / len(gaps[t]), 3)
+                  if gaps[t] else None,
                   "first_to_last_ms_median": round(_median(spans[t]) * MS, 3)}
     out["gap_p50_added_ms"] = round(out["pharos"]["gap_ms"]["p50"]
                                     - out["direct"]["gap_ms"]["p50"], 3)
@@ -483,6 +487,8 @@ def print_floor(r: dict[str, Any]) -> None:
               f"each: gap p50 direct {s['direct']['gap_ms']['p50']:.3f} ms, pharos "
               f"{s['pharos']['gap_ms']['p50']:.3f} ms (added {s['gap_p50_added_ms']:+.3f}); "
               f"p99 {s['direct']['gap_ms']['p99']:.3f} / {s['pharos']['gap_ms']['p99']:.3f}; "
+              f"read together {s['direct']['gaps_zero_share']} / "
+              f"{s['pharos']['gaps_zero_share']}; "
               f"first to last added {s['first_to_last_added_ms']:+.3f} ms")
     k = r.get("soak")
     if k:

@@ -205,6 +205,8 @@ def main_overhead(argv: list[str]) -> int:
     b.add_argument("--slow-clients", type=int, default=1000)
     b.add_argument("--slow-seconds", type=float, default=20.0)
     b.add_argument("--idle-connections", type=int, default=10_000)
+    b.add_argument("--idle-used", type=int, default=2_000,
+                   help="how many of them make one chat first (the rest connect only)")
     b.add_argument("--idle", type=float, default=None,
                    help="Pharos's timeouts.idle for the run (default: its default)")
     b.add_argument("--request-body", type=float, default=None,
@@ -213,8 +215,8 @@ def main_overhead(argv: list[str]) -> int:
     if a.bad_input:
         from pharos.bench.badinput import bench_bad_input, print_bad_input
 
-        br = bench_bad_input(a.slow_clients, a.slow_seconds, a.idle_connections, a.idle,
-                             a.request_body, pin=not a.no_pin)
+        br = bench_bad_input(a.slow_clients, a.slow_seconds, a.idle_connections, a.idle_used,
+                             a.idle, a.request_body, pin=not a.no_pin)
         if a.json:
             print(json.dumps(br, indent=2))
         else:
