@@ -102,8 +102,9 @@ def test_malformed_gauges_are_refused_and_the_previous_report_kept(
 
 
 def test_prefix_records_and_corrections_go_to_on_prefix() -> None:
-    """A success hands a record op to the peers, an error reply a removal; only hashes and
-    the target key travel."""
+    """Each dispatch hands a dispatched op to the peers (the first one moved a root into
+    the target, the second did not), a success a record op, an error reply a removal; only
+    hashes, the target key and the root's size travel."""
     sched, state, clock = one_slot()
     ops: list[PrefixOp] = []
     sched.on_prefix = ops.append
@@ -113,8 +114,12 @@ def test_prefix_records_and_corrections_go_to_on_prefix() -> None:
     lease.release(Sample(True, False, 0.1, 0.2, prompt_tokens=200, cached_tokens=0))
     lease2 = granted(sched.acquire("k", 1, replace(r, chain=chain)))
     lease2.release(Sample(False, False, None, 0.2))
-    assert [(o.target_key, o.hashes, o.remove) for o in ops] == [
-        ("http://l:1#m", (11, 22), False), ("http://l:1#m", (11, 22), True)]
+    assert [(o.target_key, o.hashes, o.remove, o.dispatched, o.moved, o.root_tokens)
+            for o in ops] == [
+        ("http://l:1#m", (11, 22), False, True, True, 100),
+        ("http://l:1#m", (11, 22), False, False, False, None),
+        ("http://l:1#m", (11, 22), False, True, False, 100),
+        ("http://l:1#m", (11, 22), True, False, False, None)]
 
 
 def test_merge_prefix_applies_ops_for_known_targets_only() -> None:
