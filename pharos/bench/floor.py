@@ -12,7 +12,9 @@ pinned to core 1, so router figures compare on one core.
 For each: the added p50/p99 latency of a tiny non-streamed chat (one output token) at one
 client, the requests alternating over the routers so load on the machine hits all alike; and
 at 32 concurrent clients (closed loop, keep-alive) the throughput and the router process's CPU
-time per request (``/proc/PID/stat``), several rounds interleaved, the median reported.
+time per request (``/proc/PID/stat``), several rounds interleaved, the median reported. Each
+process's CPU with no request (Pharos scrapes its engine every second) is measured over
+``IDLE_SECONDS`` first; the ``_net`` figures subtract it.
 
 ``--stream-tokens N`` adds a streamed chat of N tokens from a second double that decodes a
 token every ``--stream-decode-ms``: the gaps between the SSE events as the client receives
@@ -45,6 +47,9 @@ from typing import Any
 from pharos.sim.bench import machine, percentile
 
 ROUTERS = ("web", "web-agent", "klein-treq", "pharos")
+#: Seconds with no request over which each process's background CPU is measured (``_net``
+#: figures subtract it: Pharos's scrape rounds are not per-request work).
+IDLE_SECONDS = 5.0
 MS = 1000.0
 
 
@@ -361,8 +366,13 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
             for t, c in conns.items():
                 if c.call(raws[t]) != 200:
                     raise HttpError(f"{t} did not answer 200")
+        # what each process spends with no request (Pharos's scrape rounds): per second
+        idle0, w0 = {t: cpu_seconds(pids[t]) for t in targets}, time.perf_counter()
+        threading.Event().wait(IDLE_SECONDS)
+        w_idle = time.perf_counter() - w0
+        idle_rate = {t: (cpu_seconds(pids[t]) - idle0[t]) / w_idle for t in targets}
         times: dict[str, list[float]] = {t: [] for t in targets}
-        cpu0 = {t: cpu_seconds(pids[t]) for t in targets}
+        cpu0, w0 = {t: cpu_seconds(pids[t]) for t in targets}, time.perf_counter()
         for _ in range(requests):
             for t, c in conns.items():
                 t0 = time.perf_counter()
@@ -370,7 +380,9 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
                 times[t].append(time.perf_counter() - t0)
                 if status != 200:
                     raise HttpError(f"{t} answered {status}")
+        w1 = time.perf_counter() - w0
         cpu1 = {t: (cpu_seconds(pids[t]) - cpu0[t]) / requests * MS for t in targets}
+        net1 = {t: cpu1[t] - idle_rate[t] * w1 / requests * MS for t in targets}
     finally:
         for c in conns.values():
             c.close()
@@ -381,6 +393,8 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
         per[t] = {"one_client_ms": one[t],
                   "added_ms": {k: round(one[t][k] - direct[k], 3) for k in ("p50", "p99")},
                   "cpu_ms_per_request_one_client": round(cpu1[t], 3),
+                  "idle_cpu_ms_per_s": round(idle_rate[t] * MS, 2),
+                  "cpu_ms_per_request_one_client_net": round(net1[t], 3),
                   "rounds": []}
     for _ in range(rounds):
         for t, p in targets.items():
@@ -391,12 +405,16 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
             per[t]["rounds"].append({
                 "requests": n, "not_ok": counts["not_ok"], "req_per_s": round(n / wall, 1),
                 "cpu_ms_per_request": round(cpu / n * MS, 3) if n else None,
+                "cpu_ms_per_request_net": round((cpu - idle_rate[t] * wall) / n * MS, 3)
+                if n else None,
                 "cpu_share": round(cpu / wall, 3)})
     for t in targets:
         rs = per[t]["rounds"]
         per[t]["req_per_s"] = round(_median([r["req_per_s"] for r in rs]), 1)
         cpus = [r["cpu_ms_per_request"] for r in rs if r["cpu_ms_per_request"] is not None]
         per[t]["cpu_ms_per_request"] = round(_median(cpus), 3) if cpus else None
+        nets = [r["cpu_ms_per_request_net"] for r in rs if r["cpu_ms_per_request_net"] is not None]
+        per[t]["cpu_ms_per_request_net"] = round(_median(nets), 3) if nets else None
         per[t]["not_ok"] = sum(r["not_ok"] for r in rs)
     per["direct"]["note"] = "CPU figures of direct are the engine double's own"
     return {"targets": per}
@@ -474,13 +492,15 @@ def print_floor(r: dict[str, Any]) -> None:
           f"{r['clients']} clients ({r['rounds']} rounds of {r['seconds_per_round']:g} s, "
           "medians)")
     print(f"  {'':<11} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} {'+p99':>7} "
-          f"{'cpu/req@1':>10} {'req/s@32':>9} {'cpu/req@32':>10}")
+          f"{'cpu/req@1':>10} {'req/s@32':>9} {'cpu/req@32':>10} {'net@32':>7} {'idle/s':>7}")
     for t, v in r["targets"].items():
-        cpu = v["cpu_ms_per_request"]
+        cpu, net = v["cpu_ms_per_request"], v.get("cpu_ms_per_request_net")
         print(f"  {t:<11} {v['one_client_ms']['p50']:8.3f} {v['one_client_ms']['p99']:8.3f} "
               f"{v['added_ms']['p50']:7.3f} {v['added_ms']['p99']:7.3f} "
               f"{v['cpu_ms_per_request_one_client']:10.3f} {v['req_per_s']:9.1f} "
-              f"{'' if cpu is None else f'{cpu:.3f}':>10}")
+              f"{'' if cpu is None else f'{cpu:.3f}':>10} "
+              f"{'' if net is None else f'{net:.3f}':>7} "
+              f"{v.get('idle_cpu_ms_per_s', ''):>7}")
     s = r.get("stream")
     if s:
         print(f"  stream of {s['tokens']} tokens at {s['decode_ms']:g} ms/token, {s['streams']} "
