@@ -1,4 +1,5 @@
-"""In-process engine doubles: an Ollama, llama.cpp or vLLM look-alike on a loopback port.
+"""In-process engine doubles: an Ollama, llama.cpp, vLLM or llama-swap look-alike on a loopback
+port.
 
 A double is a wire format (a ``Flavor``, cloned from the engine's pinned capture) in front of
 a behaviour model (an ``EngineModel``, by kind from ``default_model``). The twisted.web resource
@@ -41,9 +42,10 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
 from pharos.engine.capture import Capture, Recorded
-from pharos.engine.library import LLAMACPP, OLLAMA, VLLM
+from pharos.engine.library import LLAMACPP, LLAMASWAP, OLLAMA, VLLM
 from pharos.sim.batch import VLLM_KNOBS, BatchModel
 from pharos.sim.llamacpp import LlamacppFlavor
+from pharos.sim.llamaswap import LlamaswapFlavor
 from pharos.sim.model import (
     DEFAULT_SLOTS,
     LOAD,
@@ -91,6 +93,7 @@ PINNED: Mapping[str, tuple[str, str]] = {
     OLLAMA: ("ollama/0.32.15", "loaded"),
     LLAMACPP: ("llamacpp/b11312", "idle"),
     VLLM: ("vllm/0.32.0", "idle"),
+    LLAMASWAP: ("llama-swap/v250", "loaded"),
 }
 _LLAMACPP_BUSY = "busy"
 
@@ -140,7 +143,9 @@ class DoubleStats:
 class EngineDouble:
     """One simulated engine: a twisted.web resource, its behaviour model and test controls.
 
-    ``kind``: ``ollama``, ``llamacpp`` or ``vllm``. ``clock``: the time the model runs on.
+    ``kind``: ``ollama``, ``llamacpp``, ``vllm`` or ``llama-swap`` (one model at a time unless
+    ``host_memory`` holds more; its replies are llama.cpp's, which it proxies). ``clock``: the
+    time the model runs on.
     ``models``: name → size in bytes (default: the capture's catalogue; one model for
     llama.cpp and vLLM). ``slots``: parallel requests per model (Ollama's
     ``OLLAMA_NUM_PARALLEL``, llama.cpp's ``--parallel``, vLLM's ``--max-num-seqs``).
@@ -176,11 +181,14 @@ class EngineDouble:
             knob_values["keep_alive"] = KEEP_ALIVE_S
         if kind == VLLM and knobs is None:
             knob_values = {**VLLM_KNOBS, **knob_values}
+        if kind == LLAMASWAP and knobs is None and "host_memory" not in knob_values:
+            # llama-swap's default group: one model at a time.
+            knob_values["host_memory"] = max(self.flavor.catalogue().values())
         base = knobs or Knobs()
         self.knobs = dataclasses.replace(base, **knob_values) if knob_values else base
         catalogue = self.flavor.catalogue()
         if loaded is None:
-            loaded = () if kind == OLLAMA else tuple(catalogue)
+            loaded = () if kind in (OLLAMA, LLAMASWAP) else tuple(catalogue)
         self.slots = slots
         self.model: EngineModel = engine_model or default_model(
             kind, clock, catalogue, slots, self.knobs, tuple(loaded))
@@ -203,6 +211,9 @@ class EngineDouble:
         if kind == LLAMACPP:
             busy = pinned_capture(kind, fixtures, _LLAMACPP_BUSY)
             return LlamacppFlavor(capture, now, self.rng, models, busy)
+        if kind == LLAMASWAP:
+            return LlamaswapFlavor(capture, now, self.rng, models,
+                                   pinned_capture(LLAMACPP, fixtures))
         return VllmFlavor(capture, now, self.rng, models)
 
     # -- serving --
@@ -213,6 +224,11 @@ class EngineDouble:
         wrapped = WrappingFactory(_QuietSite(self.resource, reactor=reactor))
         self._factories.append(wrapped)
         return wrapped
+
+    @property
+    def loads(self) -> int:
+        """Model loads the double's engine has started (0 for one that never loads)."""
+        return int(getattr(self.model, "loads", 0))
 
     def log_lines(self) -> list[bytes] | None:
         """The engine's log as the double would have written it (Ollama), else ``None``."""
@@ -533,7 +549,8 @@ def default_model(kind: str, clock: IReactorTime, catalogue: Mapping[str, int], 
         return BatchModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
     if kind == LLAMACPP:
         return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
-    return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
+    return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded,
+                     in_order=kind == LLAMASWAP)
 
 
 def start_double(

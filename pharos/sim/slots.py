@@ -155,15 +155,24 @@ class SlotModel(ModelCore):
         slots: int = DEFAULT_SLOTS,
         knobs: Knobs | None = None,
         loaded: Iterable[str] = (),
+        in_order: bool = False,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
+        #: Requests are admitted in arrival order across models: one waiting for its model
+        #: to load holds every later request back, whatever its model (llama-swap's swaps, a
+        #: request at a time through its swap lock; assumed [U]). Otherwise a loaded model
+        #: takes its queued requests while a cold one waits for memory (Ollama).
+        self.in_order = in_order
         if not models:
             raise ValueError("a model needs at least one model name")
         super().__init__(clock, slots, knobs)
         #: Blocks one slot's cache holds: its share of the context.
         self.slot_blocks = self.knobs.cache_tokens // slots // BLOCK_TOKENS
         self._held_at = 0.0
+        #: Loads started (a cold model brought in; on a one-model host, a swap after the
+        #: first): what placement tries to make rare (issue 15).
+        self.loads = 0
         self._models = {name: _Model(name, size, slots, self.knobs)
                         for name, size in models.items()}
         now = clock.seconds()
@@ -304,13 +313,21 @@ class SlotModel(ModelCore):
         at = self.clock.seconds() if now is None else now
         queued = [m for m in self._models.values() if m.waiting]
         queued.sort(key=lambda m: (m.waiting[0].queued_at, m.waiting[0].id))
+        # In order: the oldest request whose model is not loaded goes first (its model's
+        # load), and no request after it is admitted.
+        barrier = min(((m.waiting[0].queued_at, m.waiting[0].id) for m in queued
+                       if m.state != LOADED), default=None) if self.in_order else None
         for m in queued:
             if m.state == COLD:
+                if barrier is not None and (m.waiting[0].queued_at, m.waiting[0].id) > barrier:
+                    continue  # not its turn
                 self._try_load(m)
             if m.state != LOADED:
                 continue
             admitted = False
-            while m.waiting and (m.waiting[0].request.control or m.free()):
+            while m.waiting and (m.waiting[0].request.control or m.free()) and (
+                    barrier is None
+                    or (m.waiting[0].queued_at, m.waiting[0].id) < barrier):
                 job = m.waiting.popleft()
                 if job.request.control:
                     job.state = RUNNING
@@ -327,8 +344,11 @@ class SlotModel(ModelCore):
     def _try_load(self, m: _Model) -> None:
         need = m.size
         limit = self.knobs.host_memory
+        # In order, a model running nothing is evictable even with requests queued: they
+        # came after this one, and load it again in their turn.
         idle = sorted(
-            (o for o in self._models.values() if o is not m and o.state == LOADED and o.idle),
+            (o for o in self._models.values() if o is not m and o.state == LOADED and (
+                o.idle or (self.in_order and not any(s.job for s in o.slots)))),
             key=lambda o: o.last_used,
         )
         if self._used_memory() - sum(o.size for o in idle) + need > limit:
@@ -338,6 +358,7 @@ class SlotModel(ModelCore):
                 break
             self._unload(o)
         m.state = LOADING
+        self.loads += 1
         m.load_started = self.clock.seconds()
         self._timers.after(self.knobs.load_s, partial(self._loaded, m))
 
