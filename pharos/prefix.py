@@ -58,8 +58,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 Source: TypeAlias = Literal["local", "peer", "restored"]
@@ -153,6 +154,19 @@ class PrefixOp:
     dispatched: bool = False
     root_tokens: int | None = None
     moved: bool = False
+
+
+@dataclass(slots=True)
+class IndexCensus:
+    """The index counted (``PrefixIndex.census_in_steps``): its entries, an estimate of their
+    bytes (the shard tables, keys, slot tuples and distinct slot ints), and per target id the
+    entries holding a slot for it at its current gen (what a lookup can match) and at an older
+    one (stale: matches nothing until overwritten or evicted)."""
+
+    entries: int = 0
+    bytes: int = 0
+    current: dict[int, int] = field(default_factory=dict)
+    stale: dict[int, int] = field(default_factory=dict)
 
 
 # --- chain -------------------------------------------------------------------------------------
@@ -582,6 +596,32 @@ class PrefixIndex:
         tests and the status page)."""
         got = self._shards[key % self._n].get(key)
         return [] if got is None else [_unpack(s) for s in _as_tuple(got)]
+
+    def census_in_steps(self, gens: Mapping[int, int] | Callable[[int], int | None]
+                        ) -> Iterator[IndexCensus | None]:
+        """Count the index one shard per step (``GET /admin/index``): ``None`` after each
+        shard, then the census. Each step reads one shard whole; the index may change between
+        steps, so the counts are of a moving index, as any live figure is."""
+        gen_of = _gen_getter(gens)
+        out = IndexCensus()
+        ints: set[int] = set()  # a record's links share one slot int: count each once
+        for shard in self._shards:
+            out.bytes += sys.getsizeof(shard)
+            for key, got in shard.items():
+                out.bytes += sys.getsizeof(key)
+                if type(got) is not int:
+                    out.bytes += sys.getsizeof(got)
+                for slot in _as_tuple(got):
+                    ints.add(id(slot))
+                    target = slot & _TARGET_MASK
+                    g = gen_of(target)
+                    fresh = g is not None and g & _GEN_MASK == (slot >> _GEN_SHIFT) & _GEN_MASK
+                    by = out.current if fresh else out.stale
+                    by[target] = by.get(target, 0) + 1
+            out.entries += len(shard)
+            yield None
+        out.bytes += len(ints) * sys.getsizeof(1 << 62)
+        yield out
 
     def lru_order(self) -> list[int]:
         """All entry keys, least recently used first: exact in one shard; across shards, their

@@ -39,6 +39,7 @@ from pharos.peer.wire import fingerprint
 from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
 from pharos.prefix import PrefixIndex
+from pharos.proxy.admin import ConfigAdmin
 from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
@@ -224,6 +225,16 @@ class PharosService(MultiService):
             self.watcher.setServiceParent(self)
             Sighup(reactor, self.watcher.reload).setServiceParent(self)
             self.public.reload_config = self.watcher.reload
+        #: ``GET``/``PATCH /admin/config``: the config in effect, patched as a reload applies.
+        self.public.config_admin = ConfigAdmin(lambda: self.config, self._apply_patch,
+                                               lambda: self.generation, config_path)
+
+    def _apply_patch(self, config: Config) -> None:
+        """A merge patch (``PATCH /admin/config``) put in force as a reload is; the file
+        watcher compares the file's next change with it, so that change replaces it."""
+        self.reconfigure(config)
+        if self.watcher is not None:
+            self.watcher.current = config
 
     def reconfigure(self, config: Config) -> None:
         """Apply a reloaded config's live fields (``config.LIVE_FIELDS``). Each is swapped

@@ -21,6 +21,7 @@ from klein import Klein
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest, IResponse
@@ -29,7 +30,9 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from pharos.config import Reloaded, Timeouts
 from pharos.engine.library import OLLAMA
+from pharos.models import Fleet, request_key
 from pharos.proxy import errors
+from pharos.proxy.admin import ConfigAdmin, backends_document, index_document, listed_count
 from pharos.proxy.admission import Admission
 from pharos.proxy.auth import Identity, Keyring
 from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
@@ -104,6 +107,13 @@ class PublicAPI:
         self.health = Health()
         #: Reads the config file again (``pharos.reload``); None without a config file.
         self.reload_config: Callable[[], Reloaded] | None = None
+        #: The fleet's models: aliases and each model's policy (``pharos.models``); swapped
+        #: whole by a reload.
+        self.fleet = Fleet()
+        #: The shadow policies' counts (``pharos.shadow``), for ``GET /admin/shadow``.
+        self.shadow: ShadowView | None = None
+        #: The config in effect and its patches (``/admin/config``); None: not wired (tests).
+        self.config_admin: ConfigAdmin | None = None
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -194,14 +204,19 @@ class PublicAPI:
     def models(self, request: Request) -> bytes:
         """Every model an up backend lists that the caller's key may use."""
         who = self._who(request)
-        data = [{"id": m, "object": "model", "created": self.started, "owned_by": "pharos"}
-                for m in sorted(self.state.models()) if who.may_use(m)]
+        data: list[dict[str, Any]] = []
+        for name, alias_of in self.fleet.listing(self.state.models()):
+            if who.may_use(alias_of or name):
+                entry = {"id": name, "object": "model", "created": self.started,
+                         "owned_by": "pharos"}
+                data.append(entry if alias_of is None else {**entry, "alias_of": alias_of})
         return _json(request, 200, {"object": "list", "data": data})
 
     @app.route("/v1/models/<path:model>", methods=["GET"])
     def model(self, request: Request, model: str) -> bytes:
-        """One model, 404 when no up backend serves it."""
+        """One model, 404 when no up backend serves it (an alias: its model's)."""
         who = self._who(request)
+        model = self.fleet.names.get(model, model)
         if not who.may_use(model):
             raise errors.model_not_allowed(who.name, model)
         if model not in self.state.models():
@@ -355,6 +370,78 @@ class PublicAPI:
         doc = explain(self.sched, path, parsed, _session(request, parsed), self.seed())
         return _json(request, 200, doc)
 
+    # --- shadow policies -------------------------------------------------------------------
+
+    @app.route("/admin/shadow", methods=["GET"])
+    def shadow_stats(self, request: Request) -> bytes:
+        """The shadow policies' agreement and estimated gain per model and policy, what was
+        dropped or raised (admin; ``pharos.shadow``)."""
+        self._admin(request)
+        if self.shadow is None:
+            return _json(request, 200, {"tallies": [], "dropped": 0, "errors": {}})
+        return _json(request, 200, self.shadow.doc())
+
+    # --- admin API (``pharos.proxy.admin``) ------------------------------------------------
+
+    @app.route("/admin/config", methods=["GET"])
+    def admin_config(self, request: Request) -> bytes:
+        """The config in effect (secrets redacted) and its generation (admin)."""
+        self._admin(request)
+        return _json(request, 200, self._config_admin().document())
+
+    @app.route("/admin/config", methods=["PATCH"])
+    def patch_config(self, request: Request) -> bytes:
+        """A JSON merge patch of the config, applied like a reload or refused whole (422
+        with every error); the file's next change replaces it (admin)."""
+        self._admin(request)
+        assert request.content is not None
+        admin = self._config_admin()
+        done = admin.patch(request.content.read())
+        if done.errors:
+            return _json(request, 422, {"error": {
+                "message": f"the patch has {len(done.errors)} error(s) and was not applied; "
+                           f"the running config stays",
+                "type": "invalid_request_error", "param": None, "code": "invalid_config"},
+                "errors": list(done.errors)})
+        return _json(request, 200, {"applied": list(done.applied), **admin.document()})
+
+    def _config_admin(self) -> ConfigAdmin:
+        if self.config_admin is None:
+            raise ApiError(409, "no config to show or patch here", code="no_config")
+        return self.config_admin
+
+    @app.route("/admin/backends", methods=["GET"])
+    def admin_backends(self, request: Request) -> bytes:
+        """Each backend's plan, signals, ejection, and per target its capacity with its
+        source and learned estimates (admin)."""
+        self._admin(request)
+        return _json(request, 200, backends_document(self.state, self.sched))
+
+    @app.route("/admin/index", methods=["GET"])
+    async def admin_index(self, request: Request) -> bytes:
+        """The prefix index: entries, bytes, per target the entries a lookup can match;
+        ``?list=N``: the N most recent entries as hashes (admin). Counted a shard per reactor
+        turn."""
+        self._admin(request)
+        listed = listed_count(request.args)
+        targets = self.state.targets
+
+        def gen_of(tid: int) -> int | None:
+            return targets[tid].gen if 0 <= tid < len(targets) else None
+
+        def key_of(tid: int) -> str | None:
+            return targets[tid].key if 0 <= tid < len(targets) else None
+
+        census = None
+        for step in self.sched.index.census_in_steps(gen_of):
+            if step is None:
+                await deferLater(self.clock, 0, lambda: None)
+            else:
+                census = step
+        assert census is not None
+        return _json(request, 200, index_document(census, self.sched.index, self.state,
+                                                  listed, key_of, gen_of))
+
     # --- reload ----------------------------------------------------------------------------
 
     @app.route("/admin/reload", methods=["POST"])
@@ -397,7 +484,11 @@ class PublicAPI:
 
     def _parse(self, request: Request, path: str) -> Parsed:
         assert request.content is not None
-        return parse(request.content.read(), path)
+        return parse(request.content.read(), path, self._resolve)
+
+    def _resolve(self, model: str | None) -> str | None:
+        """A request's model as the fleet names it (``Fleet.resolve``)."""
+        return self.fleet.resolve(model, self.state.models)
 
     async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
         """Auth, parse, allow-list, admission, then the exchange; every ending becomes one
@@ -461,6 +552,7 @@ class PublicAPI:
                       send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=_session(request, parsed), start_reply=self._start_reply,
                       who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens))
+        ex.policy = self.fleet.policy_for(parsed.model, request_key(ex.session, rid))
         return ex
 
     def _decision_logger(self, rid: str, prompt_tokens: int) -> Callable[[Lease], None] | None:
@@ -489,12 +581,20 @@ class PublicAPI:
         request.setHeader(b"x-pharos-backend", target.backend.url.encode())
         request.setHeader(b"x-pharos-reason", _ascii(reason))
         if lease is not None:
+            if lease.policy:
+                request.setHeader(b"x-pharos-policy", lease.policy.encode())
             if lease.chain:
                 request.setHeader(b"x-pharos-predicted-cached-tokens",
                                   str(lease.predicted_tokens).encode())
             if lease.est_ttft is not None:
                 request.setHeader(b"x-pharos-estimated-ttft-ms",
                                   f"{lease.est_ttft * 1000:.1f}".encode())
+
+
+class ShadowView(Protocol):
+    """What ``/admin/shadow`` reads (``pharos.shadow.Shadow``)."""
+
+    def doc(self) -> dict[str, Any]: ...
 
 
 class DecisionSink(Protocol):
