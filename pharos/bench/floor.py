@@ -287,7 +287,8 @@ def _median(values: list[float]) -> float:
 def bench_floor(requests: int = 2000, clients: int = 32, seconds: float = 5.0,
                 rounds: int = 3, routers: tuple[str, ...] = ROUTERS,
                 stream_tokens: int = 0, stream_decode_ms: float = 2.0, streams: int = 5,
-                soak: int = 0, pin: bool = True) -> dict[str, Any]:
+                soak: int = 0, pin: bool = True,
+                idle_seconds: float = IDLE_SECONDS) -> dict[str, Any]:
     """Start the engine(s), the routers and Pharos, measure, stop them all."""
     pins = pinning() if pin else None
     router_pin, engine_pin = pins if pins else ([], [])
@@ -337,7 +338,7 @@ def bench_floor(requests: int = 2000, clients: int = 32, seconds: float = 5.0,
             os.sched_setaffinity(0, {1})
         try:
             result.update(_measure(engine_port, ports, pids, requests, clients, seconds,
-                                   rounds))
+                                   rounds, idle_seconds))
             if stream_port is not None and "pharos" in ports:
                 result["stream"] = _measure_stream(stream_port, ports["pharos"],
                                                    stream_tokens, stream_decode_ms, streams)
@@ -356,7 +357,8 @@ def _chat(model: str = "tiny", stream: bool = False, max_tokens: int = 1) -> byt
 
 
 def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requests: int,
-             clients: int, seconds: float, rounds: int) -> dict[str, Any]:
+             clients: int, seconds: float, rounds: int,
+             idle_seconds: float = IDLE_SECONDS) -> dict[str, Any]:
     body = _chat()
     targets = {"direct": engine_port, **ports}
     raws = {t: request_bytes(p, body) for t, p in targets.items()}
@@ -368,7 +370,7 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
                     raise HttpError(f"{t} did not answer 200")
         # what each process spends with no request (Pharos's scrape rounds): per second
         idle0, w0 = {t: cpu_seconds(pids[t]) for t in targets}, time.perf_counter()
-        threading.Event().wait(IDLE_SECONDS)
+        threading.Event().wait(idle_seconds)
         w_idle = time.perf_counter() - w0
         idle_rate = {t: (cpu_seconds(pids[t]) - idle0[t]) / w_idle for t in targets}
         times: dict[str, list[float]] = {t: [] for t in targets}
