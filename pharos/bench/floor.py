@@ -364,7 +364,7 @@ def _measure(engine_port: int, ports: dict[str, int], pids: dict[str, int], requ
     raws = {t: request_bytes(p, body) for t, p in targets.items()}
     conns = {t: Client(p) for t, p in targets.items()}
     try:
-        for _ in range(200):  # warm up every path and its connections
+        for _ in range(min(200, max(20, requests // 10))):  # warm up paths and connections
             for t, c in conns.items():
                 if c.call(raws[t]) != 200:
                     raise HttpError(f"{t} did not answer 200")
