@@ -236,6 +236,9 @@ def paths(calls: list[Call]) -> list[str]:
 
 
 HELLO: Any = [{"role": "user", "content": "Hello"}]
+#: Every driver's second turn: non-ASCII text, so a capture shows whether the client sends it
+#: as \\uXXXX escapes or raw UTF-8 (spec §14: escaped text once broke prefix feedback).
+NEXT = "And then? Grüße, 你好"
 
 
 def openai_python(url: str) -> dict[str, Any]:
@@ -250,7 +253,7 @@ def openai_python(url: str) -> dict[str, Any]:
         model=LLAMA, messages=HELLO, max_tokens=5, stream=True,
         stream_options={"include_usage": True}))
     turn2: Any = [*HELLO, {"role": "assistant", "content": plain.choices[0].message.content},
-                  {"role": "user", "content": "And then?"}]
+                  {"role": "user", "content": NEXT}]
     out["turn2"] = api.chat.completions.create(model=LLAMA, messages=turn2, max_tokens=5)
     out["completion"] = api.completions.create(model=LLAMA, prompt="Once upon", max_tokens=5)
     out["responses"] = api.responses.create(model="tiny", input="Hello", max_output_tokens=16)
@@ -318,7 +321,7 @@ def ollama_python(url: str) -> dict[str, Any]:
     out["stream"] = list(api.chat(model=LLAMA, messages=HELLO, stream=True,
                                   options={"num_predict": 5}))
     turn2: Any = [*HELLO, {"role": "assistant", "content": chat.message.content},
-                  {"role": "user", "content": "And then?"}]
+                  {"role": "user", "content": NEXT}]
     out["turn2"] = api.chat(model=LLAMA, messages=turn2, options={"num_predict": 5})
     out["generate"] = api.generate(model=LLAMA, prompt="Once upon", options={"num_predict": 5})
     out["generate_stream"] = list(api.generate(model=LLAMA, prompt="Once upon", stream=True,
@@ -369,7 +372,7 @@ def langchain_openai(url: str) -> dict[str, Any]:
     first = chat.invoke([HumanMessage("Hello")])
     parts = list(chat.stream([HumanMessage("Hello")]))
     second = chat.invoke([HumanMessage("Hello"), AIMessage(str(first.content)),
-                          HumanMessage("And then?")])
+                          HumanMessage(NEXT)])
     return {"first": first, "parts": parts, "second": second}
 
 
@@ -395,7 +398,7 @@ def anthropic_python(url: str, model: str = "tiny") -> dict[str, Any]:
         out["text"] = "".join(stream.text_stream)
         out["final"] = stream.get_final_message()
     turn2: Any = [*msgs, {"role": "assistant", "content": out["plain"].content[0].text},
-                  {"role": "user", "content": "And then?"}]
+                  {"role": "user", "content": NEXT}]
     out["turn2"] = api.messages.create(model=model, max_tokens=16, system="Be brief.",
                                        messages=turn2)
     bad = anthropic.Anthropic(base_url=url, api_key="phk-guess", max_retries=0)

@@ -10,6 +10,7 @@ import { Ollama } from "ollama";
 const [client, base, key] = process.argv.slice(2);
 const LLAMA = "llama3.2:3b";
 const hello = [{ role: "user", content: "Hello" }];
+const NEXT = "And then? Grüße, 你好"; // as the Python drivers: shows how non-ASCII text is sent
 
 async function errorOf(call) {
   try {
@@ -40,7 +41,7 @@ async function openai() {
     stream_options: { include_usage: true } })) withUsage.push(c);
   out.stream_usage = withUsage.at(-1).usage;
   const turn2 = [...hello, { role: "assistant", content: plain.choices[0].message.content },
-                 { role: "user", content: "And then?" }];
+                 { role: "user", content: NEXT }];
   const second = await api.chat.completions.create({ model: LLAMA, messages: turn2,
                                                      max_tokens: 5 });
   out.turn2 = second.choices[0].message.content;
@@ -77,7 +78,7 @@ async function ollama() {
   out.stream = { text: parts.map((p) => p.message.content).join(""),
                  done: parts.at(-1).done, eval_count: parts.at(-1).eval_count };
   const turn2 = [...hello, { role: "assistant", content: chat.message.content },
-                 { role: "user", content: "And then?" }];
+                 { role: "user", content: NEXT }];
   out.turn2 = (await api.chat({ model: LLAMA, messages: turn2,
                                 options: { num_predict: 5 } })).message.content;
   out.generate = (await api.generate({ model: LLAMA, prompt: "Once upon",
