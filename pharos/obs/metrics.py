@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -43,6 +43,20 @@ from pharos.proxy.done import DECISIONS, Done
 from pharos.sched import Scheduler
 from pharos.state.registry import BackendState
 from pharos.state.state import State
+
+
+class ShadowCounts(Protocol):
+    """What the shadow series read (``pharos.shadow.Shadow``)."""
+
+    @property
+    def tallies(self) -> Mapping[tuple[str, str, str], Any]: ...
+
+    @property
+    def errors(self) -> Mapping[str, int]: ...
+
+    @property
+    def dropped(self) -> int: ...
+
 
 #: The ``model`` label of a model no backend has listed; the ``key`` label without a key.
 UNKNOWN_MODEL: Final = "unknown"
@@ -101,6 +115,11 @@ class Metrics(Collector):
         #: The journals (usage journal, decision log) by name, when configured: what each
         #: dropped (its buffer full: the disk fell behind) or failed to write is counted.
         self.journals: dict[str, Journal] = {}
+        #: Requests and TTFT by the policy that routed them (issue 17: an A/B split's arms
+        #: side by side), and the shadow policies' counts when set (``pharos.shadow``).
+        self.by_policy: Counter[tuple[str, str, str]] = Counter()
+        self.policy_ttft: dict[str, Histogram] = {}
+        self.shadow: ShadowCounts | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -120,6 +139,13 @@ class Metrics(Collector):
         key = d.key if d.key is not None else NO_KEY
         model = self.model_label(d.model, d.target is not None)
         self.requests[(key, model, str(d.status))] += 1
+        if d.policy is not None:
+            self.by_policy[(d.policy, model, str(d.status))] += 1
+            if d.ttft is not None:
+                ph = self.policy_ttft.get(d.policy)
+                if ph is None:
+                    ph = self.policy_ttft[d.policy] = Histogram(TTFT_BUCKETS)
+                ph.observe(d.ttft)
         decisions = self.decisions
         for pair in d.decisions:
             decisions[pair] += 1
@@ -169,6 +195,45 @@ class Metrics(Collector):
             yield from self._peers(self.peers)
         if self.journals:
             yield from self._journals()
+        yield from self._policies()
+
+    def _policies(self) -> Iterator[Metric]:
+        m = CounterMetricFamily("pharos_policy_requests", "Finished requests by the policy "
+                                "that routed them (a split's arm), model and status.",
+                                labels=("policy", "model", "status"))
+        for labels, n in sorted(self.by_policy.items()):
+            m.add_metric(labels, n)
+        yield m
+        h = HistogramMetricFamily("pharos_policy_ttft_seconds", "Time to the engine's first "
+                                  "byte by the policy that routed the request.",
+                                  labels=("policy",))
+        for name, hist in sorted(self.policy_ttft.items()):
+            buckets, total = hist.cumulative()
+            h.add_metric((name,), buckets, total)
+        yield h
+        shadow = self.shadow
+        if shadow is None:
+            return
+        decisions = CounterMetricFamily("pharos_shadow_decisions", "Shadow decisions by model, "
+                                        "routing policy, shadow policy and whether the shadow "
+                                        "picked the same target.",
+                                        labels=("model", "policy", "shadow", "agree"))
+        gain = CounterMetricFamily("pharos_shadow_gain_seconds", "The cost model's estimate "
+                                   "for the routing pick less its estimate for the shadow's "
+                                   "(summed; positive: the shadow's target looked faster).",
+                                   labels=("model", "policy", "shadow"))
+        for (model, policy, name), t in sorted(shadow.tallies.items()):
+            decisions.add_metric((model, policy, name, "true"), t.agree)
+            decisions.add_metric((model, policy, name, "false"), t.decisions - t.agree)
+            gain.add_metric((model, policy, name), t.gain_sum)
+        errors = CounterMetricFamily("pharos_shadow_errors", "Shadow policies that raised "
+                                     "(the request was not affected).", labels=("shadow",))
+        for name, n in sorted(shadow.errors.items()):
+            errors.add_metric((name,), n)
+        dropped = CounterMetricFamily("pharos_shadow_dropped", "Decisions not shadowed: the "
+                                      "shadow queue was full.")
+        dropped.add_metric((), shadow.dropped)
+        yield from (decisions, gain, errors, dropped)
 
     def _journals(self) -> Iterator[Metric]:
         dropped = CounterMetricFamily("pharos_journal_dropped_records", "Records a journal "

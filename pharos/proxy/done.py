@@ -113,6 +113,7 @@ class Done:
       ``prediction_source``: where the predicting slot came from (``local``, ``peer``,
       ``restored``). ``prefix``: the prediction against the engine's cached tokens (the
       ``prefix`` decision; ``None`` when the request had no prefix chain or no reply).
+      ``policy``: the routing policy of the attempt that answered (``None``: no lease).
     """
 
     time: float
@@ -140,6 +141,8 @@ class Done:
     predicted_tokens: int = 0
     prediction_source: str | None = None
     prefix: str | None = None
+    #: The policy that routed the attempt that answered (its model's, or its split arm).
+    policy: str | None = None
 
     def decision_text(self) -> str:
         """The decisions as ``stage=outcome`` pairs, space separated (the request line's)."""
@@ -244,4 +247,5 @@ class Trace:
             prediction_source=(lease.source if lease is not None and lease.predicted_tokens
                                else None),
             prefix=lease.prefix if lease is not None else None,
+            policy=lease.policy or None if lease is not None else None,
         )

@@ -30,6 +30,7 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
 from pharos.engine.usage import Usage
+from pharos.policy import PolicyConfig
 from pharos.proxy import errors
 from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
@@ -135,6 +136,8 @@ class Exchange:
         self.start_reply = start_reply
         self.who = who
         self.on_lease = on_lease  # told of each lease taken (the decision log)
+        #: The policy routing it (its model's or its split arm's); None: the scheduler's.
+        self.policy: PolicyConfig | None = None
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -272,7 +275,7 @@ class Exchange:
         parsed, path = self.parsed, self.path
         req = SchedRequest(parsed.model, parsed.prompt_tokens, self.sched.seed(), kind=self.kind,
                            chain=parsed.chain, session=self.session,
-                           output_tokens=parsed.max_tokens)
+                           output_tokens=parsed.max_tokens, policy=self.policy)
         who = self.who
         tried: set[int] = set()
         refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None

@@ -4,9 +4,11 @@ body to forward (spec §9 Parse)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pharos.models import rewrite_model
 from pharos.prefix import EMPTY, Chain, chain, unfollowed
 from pharos.proxy import errors
 
@@ -40,16 +42,25 @@ class Parsed:
     user: str | None = None  # the body's ``user`` field: a conversation name for affinity
     #: The client's output limit (``output_limit``); None when it set none.
     max_tokens: int | None = None
+    #: The model as the body names it when the fleet resolved it to another name (an alias:
+    #: ``pharos.models``); "" when the body named none; None: ``model`` is the body's.
+    sent_model: str | None = None
 
     def forward_body(self, served: str) -> bytes:
-        """The body to send to the engine, naming the model as the engine knows it."""
-        if served == self.model and not self.pharos_asked_usage:
+        """The body to send to the engine, naming the model as the engine knows it: the
+        client's bytes when they already do, else with only the model's bytes rewritten
+        (``rewrite_model``); re-encoded only where that cannot be done."""
+        sent = self.model if self.sent_model is None else self.sent_model
+        if served == sent and not self.pharos_asked_usage:
             return self.raw
-        if served == self.model and self.insert_usage:
-            # Insert the option before the object's closing brace instead of re-encoding a
-            # large body (the decode proved it is one JSON object without that key).
-            raw = self.raw.rstrip()
-            return raw[:-1] + b',"stream_options":{"include_usage":true}}'
+        if not self.pharos_asked_usage or self.insert_usage:
+            raw = self.raw if served == sent else rewrite_model(self.raw, served, bool(sent))
+            if raw is not None and not self.insert_usage:
+                return raw
+            if raw is not None:
+                # Insert the option before the object's closing brace instead of re-encoding
+                # a large body (the decode proved it is one JSON object without that key).
+                return raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
         body = dict(self.body)
         body["model"] = served
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -86,7 +97,12 @@ def _depth_over(doc: Any, limit: int) -> bool:
     return False
 
 
-def parse(raw: bytes, path: str) -> Parsed:
+#: The fleet's name for a request's model (``Fleet.resolve`` bound to the state): an alias's
+#: model, or for None (no model sent) the one model served; None: not known.
+Resolve = Callable[[str | None], str | None]
+
+
+def parse(raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
     """Decode a request body (see ``_parse``); nesting deeper than ``MAX_DEPTH`` is a 400."""
     try:
         body = json.loads(raw)
@@ -98,12 +114,12 @@ def parse(raw: bytes, path: str) -> Parsed:
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _depth_over(body, MAX_DEPTH):
         raise errors.too_deep(MAX_DEPTH)
     try:
-        return _parse(body, raw, path)
+        return _parse(body, raw, path, resolve)
     except RecursionError:  # a bound above the interpreter's own: still the client's 400
         raise errors.too_deep(MAX_DEPTH) from None
 
 
-def _parse(body: Any, raw: bytes, path: str) -> Parsed:
+def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
     """Decode a request body; malformed JSON or a missing model is a 400 in the client's shape.
 
     A streamed chat completion that does not ask for usage gets
@@ -115,6 +131,11 @@ def _parse(body: Any, raw: bytes, path: str) -> Parsed:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise errors.wrong_type("model", "a string", model)
+    sent = None
+    if resolve is not None:
+        name = resolve(model or None)
+        if name is not None and name != model:
+            sent, model = model or "", name
     if not model:
         raise errors.missing_model()
     ollama = path.startswith("/api/")
@@ -157,7 +178,7 @@ def _parse(body: Any, raw: bytes, path: str) -> Parsed:
     return Parsed(model, (size + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN, stream, body, asked,
                   control, raw, insert_usage=asked and insert, chain=links, unfollowed=why,
                   user=user if isinstance(user, str) and user else None,
-                  max_tokens=output_limit(body, path))
+                  max_tokens=output_limit(body, path), sent_model=sent)
 
 
 #: Where each route family puts the output limit, in the order an engine reads them (OpenAI's

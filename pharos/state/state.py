@@ -369,13 +369,15 @@ class State:
     def publish(self, b: BackendState, snap: Snapshot, full: bool) -> None:
         """Store one round's snapshot, register new targets, bump generations."""
         now = self.clock.seconds()
-        snap = rename(snap, b.spec.aliases)
+        aliases, listed = b.spec.aliases, snap.models
+        snap = rename(snap, aliases)
         if full:
             self._bump_generations(b, b.full, snap)
             b.full, b.full_at, b.full_round = snap, now, b.rounds
-            aliases_back = {v: k for k, v in b.spec.aliases.items()}
-            for m in snap.models or ():
-                self.target(b, m, aliases_back.get(m, m))
+            # Each target serves the name this engine listed (several engine names may be
+            # one client name: the fleet's aliases, ``pharos.models``).
+            for served in listed or ():
+                self.target(b, aliases.get(served, served), served)
         b.load, b.load_at = snap, now
 
     def decided(self, b: BackendState, stage: str, outcome: str) -> None:

@@ -16,7 +16,7 @@ from twisted.logger import ILogObserver, Logger, formatEvent, globalLogPublisher
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from pharos.config import DecisionLogConfig, Key, Observability, Usage
+from pharos.config import DecisionLogConfig, Key, Observability, Routing, Usage
 from pharos.obs.reqlog import RequestLog
 from pharos.proxy.auth import digest
 from pharos.proxy.done import DECISIONS, Done
@@ -47,6 +47,12 @@ SNAPSHOT = {
     "pharos_queue_waiting": set(),
     "pharos_prefix_predictions": {"source", "outcome"},
     "pharos_prefix_unfollowed": {"reason"},
+    "pharos_policy_requests": {"policy", "model", "status"},
+    "pharos_policy_ttft_seconds": {"policy"},
+    "pharos_shadow_decisions": {"model", "policy", "shadow", "agree"},
+    "pharos_shadow_gain_seconds": {"model", "policy", "shadow"},
+    "pharos_shadow_errors": set(),  # no shadow raised
+    "pharos_shadow_dropped": set(),
 }
 
 
@@ -184,7 +190,7 @@ async def test_every_ending_becomes_a_done_and_a_metric() -> None:
 async def test_the_set_of_series_and_labels_is_fixed() -> None:
     """Snapshot: after traffic that fills every family, the metric names and their label
     names are exactly ``SNAPSHOT`` (a rename is a deliberate change)."""
-    f = await start()
+    f = await start(routing=Routing(shadow=("least-load",)))
     try:
         for _ in range(3):
             assert (await post(f, "/v1/chat/completions", chat(text="a long prompt " * 400)))[
@@ -196,6 +202,7 @@ async def test_the_set_of_series_and_labels_is_fixed() -> None:
             t.stats.load_sec.add(1.0)
             t.learned_capacity = 4
         f.pharos.metrics.unmetered[("anonymous", "tiny")] += 1  # a reply without usage
+        await eventually(lambda: f.pharos.shadow.pending() == 0)
         _, fams = await scrape(f)
         got = {}
         for name, samples in fams.items():

@@ -238,9 +238,9 @@ async def test_a_bad_file_keeps_the_running_config(tmp_path: Path) -> None:
                 "policy: least-load\nrouting: {session_affinity: false}\n")
         code, doc = await r.call("POST", "/admin/reload", ADMIN)
         assert (code, doc) == (200, {"changed": True,
-                                     "applied": ["routing.session_affinity"],
-                                     "needs_restart": ["policy"]})
-        assert r.pharos.sched.policy.name == "cost"
+                                     "applied": ["policy", "routing.session_affinity"],
+                                     "needs_restart": []})
+        assert r.pharos.sched.policy.name == "least-load"  # live since issue 17
         assert r.pharos.sched.policy.session_affinity is False
     finally:
         await r.stop()

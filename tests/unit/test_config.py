@@ -748,8 +748,8 @@ def test_peer_members_forms() -> None:
 
 
 def test_reload_diff_splits_live_from_restart() -> None:
-    """Keys and backends apply live; listen, policy, state_file, peers, usage and drain need a
-    restart; an unchanged file changes nothing."""
+    """Keys, backends and the policy (issue 17) apply live; listen, state_file, peers, usage
+    and drain need a restart; an unchanged file changes nothing."""
     text = (SAMPLES / "spec_example.yaml").read_text()
     old = parse_config(text, library_names=LIBRARY)
     assert reload_diff(old, parse_config(text, library_names=LIBRARY)) == ([], [])
@@ -764,8 +764,8 @@ def test_reload_diff_splits_live_from_restart() -> None:
         usage=Usage(),
     )
     assert reload_diff(old, new) == (
-        ["keys"],
-        ["listen", "policy", "state_file", "usage", "drain", "peers"],
+        ["policy", "keys"],
+        ["listen", "state_file", "usage", "drain", "peers"],
     )
 
 

@@ -1,0 +1,371 @@
+"""The fleet's models (issue 17 items 1 and 3): one name for a model that engines serve under
+different names, and each model's routing: its policy, an A/B split between policies, shadow
+policies, and a prefill cost model.
+
+``models:`` in the config::
+
+    models:
+      - name: llama-8b                      # what clients ask for
+        aliases: [llama3.1:8b, meta-llama/Llama-3.1-8B-Instruct]   # what engines serve
+        policy: cost                        # default: the top-level policy
+        split: {cost: 90, least-load: 10}   # default: routing.split (none: no A/B)
+        shadow: [least-load, p2c]           # default: routing.shadow
+        cost_model: {prefill_token_s: 1e-4, prefill_pair_s: 3.3e-9, prefill_fixed_s: 0.005}
+
+An engine that lists one of a model's aliases has it renamed to the model's name as each of its
+snapshots arrives (the backends' ``aliases:`` composed with the fleet's, the backend's own
+rename first), so routing, keys' allow-lists, usage and the prefix index see one name; a
+client may ask for the name or any alias. Only the request body sent to an engine names the
+engine's own model: ``rewrite_model`` changes the bytes of the body's top-level ``model``
+value (or inserts one when the client sent none and the fleet serves exactly one model) and
+leaves every other byte as the client sent it; where it cannot be sure of the spot it says so
+and the caller re-encodes.
+
+Split arms are chosen from the request's conversation key (``x-session-id`` or the body's
+``user``), else its request id: the same conversation always lands on the same arm, and a
+retry carries its request's policy. This module holds values and pure functions; it does no
+I/O and imports nothing from the proxy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, Protocol, TypeVar
+
+from pharos.policy import POLICIES, PolicyConfig
+
+#: A split's weights add up to this.
+SPLIT_TOTAL: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One ``models:`` entry. ``None`` for ``policy``, ``split`` and ``shadow``: the global
+    setting (``policy:``, ``routing.split``, ``routing.shadow``)."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    policy: str | None = None
+    #: (policy, weight) in file order, weights adding up to ``SPLIT_TOTAL``.
+    split: tuple[tuple[str, int], ...] | None = None
+    shadow: tuple[str, ...] | None = None
+    #: The model's prefill cost (a, b, d) on backends that have no ``cost_model`` of their own.
+    cost_model: tuple[float, float, float] | None = None
+
+
+class Report(Protocol):
+    """Where a parser reports an error: its path and message (``config._Parser.error``)."""
+
+    def __call__(self, path: str, message: str) -> None: ...
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_policy(raw: object, path: str, error: Report) -> str | None:
+    """A policy name, or None (reported) when it is not one."""
+    if isinstance(raw, str) and raw in POLICIES:
+        return raw
+    error(path, f"expected one of {', '.join(POLICIES)}, got {_show(raw)}")
+    return None
+
+
+def parse_split(raw: object, path: str, error: Report) -> tuple[tuple[str, int], ...] | None:
+    """``{policy: weight, ...}``: known policies, integer weights >= 0 adding up to 100, at
+    least one arm above 0. None (reported) when anything is wrong: a split is applied whole
+    or not at all."""
+    if not isinstance(raw, dict) or not raw:
+        error(path, f"expected a mapping of policy to percent, got {_show(raw)}")
+        return None
+    arms: list[tuple[str, int]] = []
+    ok = True
+    for name, weight in raw.items():
+        if parse_policy(name, f"{path}.{name}" if isinstance(name, str) else path,
+                        lambda p, m: error(p, f"unknown policy: {m}")) is None:
+            ok = False
+            continue
+        if type(weight) is not int or weight < 0:
+            error(f"{path}.{name}", f"expected a whole percent >= 0, got {_show(weight)}")
+            ok = False
+            continue
+        arms.append((name, weight))
+    if not ok:
+        return None
+    total = sum(w for _, w in arms)
+    if total != SPLIT_TOTAL:
+        error(path, f"the weights add up to {total}, not {SPLIT_TOTAL}")
+        return None
+    return tuple(arms)
+
+
+def parse_shadow(raw: object, path: str, error: Report) -> tuple[str, ...] | None:
+    """``[policy, ...]``: known policies, each once. None (reported) when anything is
+    wrong."""
+    if not isinstance(raw, list):
+        error(path, f"expected a list of policies, got {_show(raw)}")
+        return None
+    out: list[str] = []
+    ok = True
+    for i, name in enumerate(raw):
+        if parse_policy(name, f"{path}[{i}]", error) is None:
+            ok = False
+        elif name in out:
+            error(f"{path}[{i}]", f"{name!r} is listed twice")
+            ok = False
+        else:
+            out.append(name)
+    return tuple(out) if ok else None
+
+
+def parse_models(raw: object, error: Report,
+                 cost_model: Callable[[object, str], tuple[float, float, float] | None]
+                 ) -> tuple[ModelSpec, ...]:
+    """``models:``: each entry's fields checked, every name and alias used once across the
+    list (an alias naming another model would make a request's model depend on the order).
+    ``cost_model`` parses a ``cost_model:`` mapping (the backends' parser)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        error("models", f"expected a list, got {_show(raw)}")
+        return ()
+    known = ("name", "aliases", "policy", "split", "shadow", "cost_model")
+    out: list[ModelSpec] = []
+    taken: dict[str, str] = {}  # name or alias -> where it was first used
+    for i, item in enumerate(raw):
+        path = f"models[{i}]"
+        if not isinstance(item, dict):
+            error(path, f"expected a mapping, got {_show(item)}")
+            continue
+        for key in item:
+            if key not in known:
+                error(path, f"unknown field {_show(key)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            error(f"{path}.name" if "name" in item else path,
+                  "missing required field 'name'" if "name" not in item
+                  else f"expected a non-empty string, got {_show(name)}")
+            name = None
+        aliases: list[str] = []
+        raw_aliases = item.get("aliases")
+        if raw_aliases is not None and not isinstance(raw_aliases, list):
+            error(f"{path}.aliases", f"expected a list of names, got {_show(raw_aliases)}")
+            raw_aliases = []
+        for j, alias in enumerate(raw_aliases or []):
+            if not isinstance(alias, str) or not alias:
+                error(f"{path}.aliases[{j}]", f"expected a non-empty string, got {_show(alias)}")
+            elif alias == name or alias in aliases:
+                error(f"{path}.aliases[{j}]", f"{alias!r} is already this model's name or alias")
+            else:
+                aliases.append(alias)
+        for n, where in [*(((name, f"{path}.name"),) if name else ()),
+                         *((a, f"{path}.aliases[{j}]") for j, a in enumerate(aliases))]:
+            if n in taken:
+                error(where, f"{n!r} is already used by {taken[n]}")
+            else:
+                taken[n] = where
+        policy = (parse_policy(item["policy"], f"{path}.policy", error)
+                  if item.get("policy") is not None else None)
+        split = (parse_split(item["split"], f"{path}.split", error)
+                 if item.get("split") is not None else None)
+        shadow = (parse_shadow(item["shadow"], f"{path}.shadow", error)
+                  if item.get("shadow") is not None else None)
+        if policy is not None and split is not None:
+            error(f"{path}.split", "a model has a policy or a split, not both")
+        cost = (cost_model(item["cost_model"], f"{path}.cost_model")
+                if item.get("cost_model") is not None else None)
+        if name is not None:
+            out.append(ModelSpec(name, tuple(aliases), policy, split, shadow, cost))
+    return tuple(out)
+
+
+# --- the running fleet ----------------------------------------------------------------------
+
+class HasAliases(Protocol):
+    """A backend spec: the engine's model names to the names clients use."""
+
+    @property
+    def aliases(self) -> Mapping[str, str]: ...
+
+
+_B = TypeVar("_B", bound=HasAliases)
+
+
+def arm(split: Sequence[tuple[str, int]], key: bytes) -> str:
+    """The split's arm for ``key``: a 64-bit hash of it, mod 100, into the cumulative
+    weights in file order. The same key always gets the same arm."""
+    point = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SPLIT_TOTAL
+    for name, weight in split:
+        if point < weight:
+            return name
+        point -= weight
+    return split[-1][0]  # unreachable: the weights add up to SPLIT_TOTAL
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How one model is routed: the policy config of each arm (one arm without a split), its
+    split, and its shadow policies."""
+
+    arms: Mapping[str, PolicyConfig]
+    split: tuple[tuple[str, int], ...] | None
+    shadow: tuple[str, ...]
+    default: str  # the arm without a split
+    #: Nothing set for it (no model policy, no split): the scheduler's own policy routes it.
+    plain: bool = False
+
+
+class Fleet:
+    """The models in force (one config generation): names, aliases and each model's routing.
+    Swapped whole on a reload; a request reads one."""
+
+    def __init__(self, models: Sequence[ModelSpec] = (), base: PolicyConfig | None = None,
+                 split: Sequence[tuple[str, int]] | None = None,
+                 shadow: Sequence[str] = (), generation: int = 0) -> None:
+        self.models = tuple(models)
+        self.base = base or PolicyConfig()
+        self.split = tuple(split) if split else None
+        self.shadow = tuple(shadow)
+        self.generation = generation
+        #: Every alias and name to the model's name.
+        self.names: Mapping[str, str] = MappingProxyType(
+            {n: m.name for m in self.models for n in (m.name, *m.aliases)})
+        self._aliases = {a: m.name for m in self.models for a in m.aliases}
+        self._configs: dict[tuple[str, tuple[float, float, float] | None], PolicyConfig] = {}
+        self._default = self._routing(None)
+        self._by_model = {m.name: self._routing(m) for m in self.models}
+
+    def _config(self, name: str) -> PolicyConfig:
+        key = (name, None)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs[key] = (self.base if name == self.base.name
+                                        else dataclasses.replace(self.base, name=name))  # type: ignore[arg-type]
+        return cfg
+
+    def _routing(self, m: ModelSpec | None) -> Routing:
+        policy = m.policy if m is not None and m.policy is not None else None
+        split = m.split if m is not None and m.split is not None else (
+            None if policy is not None else self.split)
+        shadow = m.shadow if m is not None and m.shadow is not None else self.shadow
+        default = policy or self.base.name
+        names = {default, *(n for n, _ in split or ())}
+        return Routing({n: self._config(n) for n in names}, split, shadow, default,
+                       plain=policy is None and split is None)
+
+    def routing(self, model: str) -> Routing:
+        """The model's routing (the global one for a model not in ``models:``)."""
+        return self._by_model.get(model, self._default)
+
+    def policy_for(self, model: str, key: bytes) -> PolicyConfig | None:
+        """The policy config routing a request for ``model`` whose conversation (or request
+        id) is ``key``: its split's arm, else the model's policy; None: the scheduler's."""
+        r = self._by_model.get(model, self._default)
+        if r.plain:
+            return None
+        if r.split is None:
+            return r.arms[r.default]
+        return r.arms[arm(r.split, key)]
+
+    def cost_models(self) -> dict[str, tuple[float, float, float]]:
+        """Each model's prefill cost model, by name."""
+        return {m.name: m.cost_model for m in self.models if m.cost_model is not None}
+
+    # --- names ---------------------------------------------------------------------------
+
+    def resolve(self, model: str | None, served: Callable[[], Collection[str]]) -> str | None:
+        """The name a request's model stands for: an alias's model, else itself. No model:
+        the one model the fleet serves (``served()``), else None."""
+        if model is None:
+            names = served()
+            if len(names) != 1:
+                return None
+            return next(iter(names))
+        return self.names.get(model, model)
+
+    def with_aliases(self, specs: Iterable[_B]) -> list[_B]:
+        """Backend specs with the fleet's aliases composed into their own (the backend's
+        rename first, then the fleet's): engine name -> model name."""
+        if not self._aliases:
+            return list(specs)
+        out: list[_B] = []
+        for spec in specs:
+            merged = {e: self.names.get(c, c) for e, c in spec.aliases.items()}
+            for engine_name, name in self._aliases.items():
+                merged.setdefault(engine_name, name)
+            out.append(dataclasses.replace(spec, aliases=MappingProxyType(merged)))  # type: ignore[type-var]
+        return out
+
+    def listing(self, served: Collection[str]) -> list[tuple[str, str | None]]:
+        """``/v1/models``' names: each served model (None) and, for a fleet model that is
+        served, each alias (its model's name), models sorted, aliases in file order."""
+        out: list[tuple[str, str | None]] = []
+        for name in sorted(served):
+            out.append((name, None))
+            spec = next((m for m in self.models if m.name == name), None)
+            if spec is not None:
+                out.extend((a, name) for a in spec.aliases if a not in served)
+        return out
+
+
+# --- the body's model, rewritten in place ---------------------------------------------------
+
+_KEY: Final = b'"model"'
+#: After the key: the colon and a JSON string value (group 1: its contents as sent).
+_VALUE: Final = re.compile(rb'[ \t\r\n]*:[ \t\r\n]*"((?:[^"\\]|\\.)*)"', re.DOTALL)
+#: ``model`` spelled with escapes needs one of its letters as ``\\u0064``-``\\u006f``: no
+#: encoder escapes ASCII letters, so a body holding ``\\u006`` is simply re-encoded.
+_ESCAPED_LETTER: Final = b"\\u006"
+
+
+def rewrite_model(raw: bytes, served: str, present: bool) -> bytes | None:
+    """``raw`` with its top-level ``model`` value replaced by ``served`` (``present``: the
+    client sent one), or ``"model":served`` inserted after the opening brace (it sent none);
+    every other byte as sent. None where the spot is not certain (the key spelled with
+    escapes, written twice, or holding something other than a string): the caller re-encodes.
+
+    Why the one plain occurrence is the top-level key: the decode found a top-level
+    ``model``, spelled either plainly (then it is an occurrence of ``"model"``, and there is
+    one) or with escapes (a ``\\u006`` in the body, declined). Cost: two searches for the
+    key (one pass over the body together), one for ``\\u006`` and the splice, all in C;
+    measured in ``contrib/bench/alias-rewrite-2026-12-02``."""
+    value = json.dumps(served, ensure_ascii=False).encode()
+    if not present:
+        start = raw.find(b"{")
+        if start < 0 or raw[:start].strip() or _KEY in raw or _ESCAPED_LETTER in raw:
+            return None
+        rest = raw[start + 1:]
+        sep = b"" if rest.lstrip().startswith(b"}") else b","
+        return raw[:start + 1] + _KEY + b":" + value + sep + rest
+    at = raw.find(_KEY)
+    if at < 0 or raw.find(_KEY, at + len(_KEY)) >= 0 or _ESCAPED_LETTER in raw:
+        return None
+    m = _VALUE.match(raw, at + len(_KEY))
+    if m is None:
+        return None
+    return raw[:m.start(1) - 1] + value + raw[m.end():]
+
+
+def request_key(session: int | None, request_id: str) -> bytes:
+    """What picks a request's split arm: its conversation's hash, else its request id."""
+    if session is not None:
+        return session.to_bytes(8, "big")
+    return request_id.encode("utf-8", "surrogatepass")
+
+
+def describe(fleet: Fleet) -> dict[str, Any]:
+    """The fleet's routing for people and the shadow log: per model its arms, split and
+    shadows, and the global one (no names of prompts, only of models and policies)."""
+    def one(r: Routing) -> dict[str, Any]:
+        return {"policy": r.default, "split": dict(r.split) if r.split else None,
+                "shadow": list(r.shadow)}
+    return {"generation": fleet.generation, "global": one(fleet._default),
+            "models": {m.name: {"aliases": list(m.aliases), **one(fleet.routing(m.name))}
+                       for m in fleet.models}}

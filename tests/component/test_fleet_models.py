@@ -1,0 +1,207 @@
+"""Layer 3 (issue 17 items 1 and 3): fleet aliases, A/B splits and shadow policies through
+Pharos in front of engine doubles on loopback. The engines record the bodies they receive, so
+the tests assert the name each engine was sent, not only that replies came back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.web.http_headers import Headers
+
+from pharos import policy as policy_module
+from pharos.config import Observability, Routing
+from pharos.models import ModelSpec
+from pharos.shadow import main_replay, replay
+from tests.component.fleet import Fleet, eventually, sleep, start_fleet
+
+VLLM_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+CPP_NAME = "llama3.1-8b-q4"
+FLEET_NAME = "llama-8b"
+SIZE = 4_000_000_000
+
+
+def record(fleet: Fleet) -> dict[str, list[Any]]:
+    """The model names each engine is sent, by engine URL (the doubles' POST wrapped)."""
+    seen: dict[str, list[Any]] = {}
+    for d in fleet.doubles:
+        names = seen.setdefault(d.url, [])
+        original = d._post
+
+        def post(request: Any, original: Any = original, names: list[Any] = names) -> Any:
+            raw = request.content.read()
+            request.content.seek(0)
+            names.append(json.loads(raw).get("model"))
+            return original(request)
+
+        d._post = post  # type: ignore[method-assign]
+    return seen
+
+
+async def two_names(**config: Any) -> Fleet:
+    """A vLLM double serving VLLM_NAME and a llama.cpp double serving CPP_NAME, one fleet
+    model over both."""
+    models = config.pop("models", (ModelSpec(FLEET_NAME, (CPP_NAME, VLLM_NAME)),))
+    return await start_fleet([
+        ("vllm", {"models": {VLLM_NAME: SIZE}}, {"kind": "vllm", "capacity": 8}),
+        ("llamacpp", {"models": {CPP_NAME: SIZE}}, {"kind": "llamacpp", "capacity": 8}),
+    ], policy=config.pop("policy", "round-robin"), models=models, **config)
+
+
+async def body(response: Any) -> Any:
+    return json.loads(await response.content())
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_engine_receives_the_name_it_serves() -> None:
+    """Requests for the fleet name, for either alias, and with no model at all (the fleet
+    serves exactly one) all succeed, and every body an engine received names its own model;
+    /v1/models lists the fleet name and its aliases; the reply names its policy."""
+    fleet = await two_names()
+    seen = record(fleet)
+    try:
+        listed = await body(await treq.get(fleet.url + "/v1/models", pool=fleet.pool))
+        ids = {m["id"]: m.get("alias_of") for m in listed["data"]}
+        assert ids == {FLEET_NAME: None, CPP_NAME: FLEET_NAME, VLLM_NAME: FLEET_NAME}
+        one = await treq.get(fleet.url + "/v1/models/" + CPP_NAME, pool=fleet.pool)
+        assert (await body(one))["id"] == FLEET_NAME
+        for model in [FLEET_NAME] * 6 + [CPP_NAME, VLLM_NAME]:
+            r = await fleet.chat(model, stream=model == CPP_NAME)
+            assert r.code == 200, await r.content()
+            assert r.headers.getRawHeaders(b"x-pharos-policy") == [b"round-robin"]
+            await r.content()
+        r = await fleet.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "no model named"}], "max_tokens": 4})
+        assert r.code == 200, await r.content()
+        await r.content()
+        vllm, cpp = (seen[d.url] for d in fleet.doubles)
+        assert len(vllm) >= 4 and len(cpp) >= 4, seen  # round robin: both engines
+        assert set(vllm) == {VLLM_NAME} and set(cpp) == {CPP_NAME}
+        assert len(vllm) + len(cpp) == 9
+        # Pharos's own model name everywhere else: metrics, targets.
+        assert {t.model for t in fleet.pharos.state.targets} == {FLEET_NAME}
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_model_omitted_with_two_models_served_is_a_400() -> None:
+    """With two models served, a request naming none is refused in the client's shape."""
+    fleet = await two_names(models=())
+    try:
+        r = await fleet.post("/v1/chat/completions", {"messages": [], "max_tokens": 4})
+        assert r.code == 400
+        assert "model" in (await body(r))["error"]["message"]
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_split_keeps_a_conversation_on_its_arm_and_shadows_are_counted(
+        tmp_path: Path) -> None:
+    """A 50/50 split: one conversation always gets the same policy (x-pharos-policy), both
+    arms are used across conversations; the shadow policies ran on every routed decision
+    (GET /admin/shadow, /metrics), and the shadow log replays clean; an edited line is
+    caught."""
+    log = tmp_path / "shadow.jsonl"
+    fleet = await two_names(
+        models=(ModelSpec(FLEET_NAME, (CPP_NAME, VLLM_NAME),
+                          split=(("cost", 50), ("least-load", 50)),
+                          shadow=("p2c", "round-robin", "prefix-hash")),),
+        observability=Observability(shadow_log=str(log)))
+    try:
+        arms: dict[str, set[str]] = {}
+        sent = 0
+        for conversation in range(12):
+            for _ in range(2):
+                r = await treq.post(
+                    fleet.url + "/v1/chat/completions",
+                    json.dumps({"model": FLEET_NAME, "max_tokens": 4, "messages": [
+                        {"role": "user", "content": "hello"}]}).encode(),
+                    headers=Headers({b"content-type": [b"application/json"],
+                                     b"x-session-id": [f"conversation-{conversation}".encode()]}),
+                    pool=fleet.pool)
+                assert r.code == 200
+                await r.content()
+                sent += 1
+                policy = r.headers.getRawHeaders(b"x-pharos-policy")[0].decode()
+                arms.setdefault(str(conversation), set()).add(policy)
+        assert all(len(p) == 1 for p in arms.values()), arms
+        assert set().union(*arms.values()) == {"cost", "least-load"}
+        shadow = fleet.pharos.shadow
+        await eventually(lambda: shadow.pending() == 0)
+        doc = await body(await treq.get(fleet.url + "/admin/shadow", pool=fleet.pool))
+        per_shadow: dict[str, int] = {}
+        for t in doc["tallies"]:
+            per_shadow[t["shadow"]] = per_shadow.get(t["shadow"], 0) + t["decisions"]
+            assert 0 <= t["agree"] <= t["decisions"]
+        assert per_shadow == {"p2c": sent, "round-robin": sent, "prefix-hash": sent}
+        assert doc["dropped"] == 0 and doc["errors"] == {}
+        metrics = (await (await treq.get(fleet.url + "/metrics", pool=fleet.pool)).content()
+                   ).decode()
+        assert 'pharos_policy_requests_total{model="llama-8b",policy="cost",status="200"}' \
+            in metrics
+        assert "pharos_shadow_decisions_total" in metrics
+    finally:
+        await fleet.stop()
+    lines = log.read_text().splitlines()
+    assert json.loads(lines[0])["type"] == "config"
+    assert sum(json.loads(x)["type"] == "shadow" for x in lines) == sent
+    assert "conversation" not in log.read_text() and "hello" not in log.read_text()
+    assert main_replay([str(log)]) == 0
+    tampered = json.loads(lines[3])
+    tampered["candidates"][0]["free_slots"] += 1
+    edited = [*lines[:3], json.dumps(tampered), *lines[4:]]
+    checked, problems = replay(edited)
+    assert checked == sent and any(p.startswith("line 4: its sha") for p in problems)
+    dropped = [*lines[:2], *lines[3:]]
+    assert any("line 3: does not follow" in p for p in replay(dropped)[1])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_shadow_policy_that_raises_never_touches_the_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shadow policy raising on every decision is counted; every request still succeeds."""
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("shadow bug")
+
+    monkeypatch.setitem(policy_module.POLICIES, "random", broken)
+    fleet = await two_names(routing=Routing(shadow=("random", "p2c")))
+    try:
+        for _ in range(5):
+            r = await fleet.chat(FLEET_NAME)
+            assert r.code == 200
+            await r.content()
+        await eventually(lambda: fleet.pharos.shadow.pending() == 0)
+        await sleep(0.05)
+        doc = fleet.pharos.shadow.doc()
+        assert doc["errors"] == {"random": 5}
+        assert sum(t["decisions"] for t in doc["tallies"] if t["shadow"] == "p2c") == 5
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_changes_aliases_split_and_shadow_live() -> None:
+    """``reconfigure`` with a new models list applies at once: the next request routes by
+    the new policy and the old fleet name is gone, a new one is served."""
+    fleet = await two_names()
+    try:
+        top = fleet.pharos
+        new = dataclasses.replace(top.config, models=(
+            ModelSpec("llama-3.1", (CPP_NAME, VLLM_NAME), policy="p2c",
+                      shadow=("cost",)),))
+        top.reconfigure(new)
+        await eventually(lambda: "llama-3.1" in top.state.models(), timeout=10)
+        r = await fleet.chat("llama-3.1")
+        assert r.code == 200
+        assert r.headers.getRawHeaders(b"x-pharos-policy") == [b"p2c"]
+        await r.content()
+        assert top.shadow.fleet.generation == 1
+    finally:
+        await fleet.stop()
