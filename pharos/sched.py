@@ -582,9 +582,11 @@ class Scheduler:
         now = self.state.clock.seconds()
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
-        hm = self.host_model.get(target.backend.url)
-        self.host_model[target.backend.url] = (
-            target.model, now, hm[2] if hm is not None and hm[0] == target.model else now)
+        b = target.backend
+        if b.spec.memory_gb is not None or b.kind == LLAMASWAP:  # a host that may swap
+            hm = self.host_model.get(b.url)
+            self.host_model[b.url] = (
+                target.model, now, hm[2] if hm is not None and hm[0] == target.model else now)
         lease.root_ahead = self._dispatched(req, target)
         if self.on_route is not None:
             self.on_route(req, placed)
@@ -857,9 +859,10 @@ class Scheduler:
             if evict:
                 cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
                          if c.target_id in evict else c for c in cands]
-        if any(cold.values()):
+        has_cold = any(cold.values())
+        if has_cold:
             cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
-        if self.policy.name == "cost":
+        if self.policy.name == "cost" and (has_cold or self._model_waiters):
             cands = self._holds(req, cands, cold, now, waited)
         affinity = None
         if req.session is not None and self.policy.session_affinity:
@@ -920,6 +923,8 @@ class Scheduler:
         has requests queued (``placement.swap_hold``)."""
         rule, targets = self.guards.placement, self.state.targets
         drains = self._drains(now) if self._model_waiters else {}
+        if not drains and not any(cold.values()):
+            return cands  # nothing to load and no host draining: no hold applies
         out: list[Candidate] = []
         for c in cands:
             t = targets[c.target_id]
