@@ -68,7 +68,7 @@ class DecisionLog:
             })
         self.journal.write({
             "request_id": request_id, "event": "decision", "attempt": attempt,
-            "policy": self.policy, "prompt_tokens": prompt_tokens,
+            "policy": lease.policy or self.policy, "prompt_tokens": prompt_tokens,
             "candidates": rows, "candidates_total": len(d.candidates),
             "winner": {"backend": lease.target.backend.url, "model": lease.target.model},
             "reason": d.reason, "guards": list(d.guards), "est_ttft": lease.est_ttft,
