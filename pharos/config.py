@@ -282,6 +282,9 @@ class Backend:
     kind: BackendKind = DEFAULT_KIND
     memory_gb: float | None = None
     capacity: int | None = None
+    #: Models the host keeps loaded at once (``OLLAMA_MAX_LOADED_MODELS``, llama.cpp router
+    #: mode's ``--models-max``); None: unlimited but for ``memory_gb`` (llama-swap: 1).
+    max_loaded_models: int | None = None
     #: The engine's model name → the name clients use (and targets have).
     aliases: Mapping[str, str] = field(default_factory=_no_aliases, hash=False)
     logs: LogFeed | None = None
@@ -986,7 +989,7 @@ class _Parser:
 
     def backend(self, raw: object, path: str) -> Backend | None:
         known = ("url", "kind", "memory_gb", "capacity", "aliases", "logs", "probes",
-                 "cost_model")
+                 "cost_model", "max_loaded_models")
         if isinstance(raw, dict):
             for name in ("port", "refresh"):
                 if name in raw:
@@ -1010,6 +1013,9 @@ class _Parser:
         capacity = None
         if m.get("capacity") is not None:
             capacity = self.integer(m["capacity"], _at(path, "capacity"))
+        max_loaded = None
+        if m.get("max_loaded_models") is not None:
+            max_loaded = self.integer(m["max_loaded_models"], _at(path, "max_loaded_models"))
         logs = None
         if m.get("logs") is not None:
             logs = self.log_feed(m["logs"], _at(path, "logs"))
@@ -1018,6 +1024,7 @@ class _Parser:
             kind=kind,
             memory_gb=memory_gb,
             capacity=capacity,
+            max_loaded_models=max_loaded,
             aliases=self.aliases(m.get("aliases"), _at(path, "aliases")),
             logs=logs,
             probes=self.probes(m.get("probes"), _at(path, "probes")),
@@ -1070,7 +1077,8 @@ class _Parser:
         for field_name, why in refused.items():
             if field_name in raw:
                 self.error(_at(path, field_name), why)
-        shared = ("kind", "memory_gb", "capacity", "aliases", "probes", "cost_model")
+        shared = ("kind", "memory_gb", "capacity", "aliases", "probes", "cost_model",
+                  "max_loaded_models")
         known = ("dns", "port", "refresh", *shared)
         m = self.mapping({k: v for k, v in raw.items() if k not in refused}, path, known,
                          required=("dns", "port"))

@@ -61,6 +61,8 @@ def schema() -> dict[str, Any]:
         "kind": {"enum": list(BACKEND_KINDS)},
         "memory_gb": {"type": "number", "exclusiveMinimum": 0},
         "capacity": _POSITIVE_INT,
+        "max_loaded_models": {**_POSITIVE_INT,
+                              "description": "models the host keeps loaded at once"},
         "aliases": {"type": "object", "additionalProperties": {"type": "string"}},
         "logs": {"type": "string", "pattern": "^(docker://.+|file:///.*)$",
                  "description": "the engine's log, for log probes: docker://<container> "

@@ -116,6 +116,15 @@ PASS_LIMIT = 64
 MAX_GAUGE_ENTRIES = 10_000
 
 
+def max_loaded(backend: BackendState) -> int | None:
+    """Models the backend's host keeps loaded at once: its config's ``max_loaded_models``,
+    else 1 for llama-swap (its default group swaps), else None (memory alone limits it)."""
+    limit = backend.spec.max_loaded_models
+    if limit is None and backend.kind == LLAMASWAP:
+        return 1
+    return limit
+
+
 def with_match(c: Candidate, matched_tokens: int) -> Candidate:
     """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out: it took 5 us a
     call, and a decision makes one per target holding the prompt). A test checks that it
@@ -583,7 +592,7 @@ class Scheduler:
         lease.granted_at = self.granted_at = now
         self.leases.add(lease)
         b = target.backend
-        if b.spec.memory_gb is not None or b.kind == LLAMASWAP:  # a host that may swap
+        if b.spec.memory_gb is not None or max_loaded(b) is not None:  # a host that may swap
             hm = self.host_model.get(b.url)
             self.host_model[b.url] = (
                 target.model, now, hm[2] if hm is not None and hm[0] == target.model else now)
@@ -896,7 +905,7 @@ class Scheduler:
         b = t.backend
         if b.full_at is not None and b.full_at > at:
             return False  # a round since has said what is loaded
-        if b.kind == LLAMASWAP:
+        if max_loaded(b) == 1:
             return True
         memory_gb = b.spec.memory_gb
         if memory_gb is None or v.size_bytes is None:
@@ -1054,8 +1063,8 @@ class Scheduler:
         size = self.state.view_at(t, now).size_bytes
         if size is None:
             size = self.median_size()
-        single = t.backend.kind == LLAMASWAP
-        if not single and (memory_gb is None or size is None):
+        limit = max_loaded(t.backend)
+        if limit is None and (memory_gb is None or size is None):
             return c
         hm = self.host_model.get(t.backend.url)
         resident: list[Resident] = []
@@ -1082,12 +1091,16 @@ class Scheduler:
                 by_model[h.model] = h
                 resident.append(Resident(h.model, hv.vram_bytes or hv.size_bytes or 0,
                                          idle=not h.inflight, last_used=hm[1]))
-        out: list[Resident] | None
-        if single:  # one model at a time: a load pushes out every other
-            out = resident if all(r.idle for r in resident) else None
-        else:
-            assert memory_gb is not None and size is not None
-            out = victims(size, memory_gb * 1e9, resident)
+        out: list[Resident] | None = []
+        rest = resident
+        if limit is not None and (over := len(resident) - limit + 1) > 0:
+            # At its limit of loaded models: the least recently used idle ones go.
+            idle = sorted((r for r in resident if r.idle), key=lambda r: r.last_used)
+            out = idle[:over] if len(idle) >= over else None
+            rest = [r for r in resident if out is None or r not in out]
+        if out is not None and memory_gb is not None and size is not None:
+            more = victims(size, memory_gb * 1e9, rest)
+            out = None if more is None else out + more
         if not out:
             return c
         price = 0.0
@@ -1354,9 +1367,14 @@ class Scheduler:
         """Whether the model fits in the host's memory beside the models that have requests
         in flight (idle loaded models are evictable). Unknown without a size or memory_gb."""
         memory_gb = t.backend.spec.memory_gb
-        if t.backend.kind == LLAMASWAP:  # one model at a time: not beside a busy one
-            return not any(o.inflight > 0 for o in self.state.targets
-                           if o.backend is t.backend and o is not t)
+        limit = max_loaded(t.backend)
+        if limit is not None:  # not beside as many busy models as the host holds
+            busy_models = sum(1 for o in self.state.targets
+                              if o.backend is t.backend and o is not t and o.inflight > 0)
+            if busy_models >= limit:
+                return False
+            if size is None or memory_gb is None:
+                return True
         if size is None or memory_gb is None:
             return None
         busy = 0

@@ -86,10 +86,13 @@ def pattern(repeats: int, spacing: float = 0.1, models: str = "abaac"
 
 
 def run_swaps(rule: ReplicaRule, arrivals: Iterable[tuple[float, str]], *, slots: int = 2,
-              service: float = 1.0, key: str | None = "k", until: float = 600.0) -> SwapRun:
+              service: float = 1.0, key: str | None = "k", until: float = 600.0,
+              memory_gb: float | None = MEMORY_GB, max_loaded_models: int | None = None
+              ) -> SwapRun:
     """Requests arriving at (time, model) through the scheduler to one one-model host with
     ``slots`` slots, under one fair-queue key (``key=None``: a key each), each holding its slot
-    ``service`` seconds; run for ``until`` seconds of the clock."""
+    ``service`` seconds; run for ``until`` seconds of the clock. Pharos is told the host's
+    ``memory_gb`` and ``max_loaded_models`` (either says it holds one model)."""
     arrivals = list(arrivals)
     clock = Clock()
     host = OneModelHost(sorted({m for _, m in arrivals}))
@@ -98,8 +101,8 @@ def run_swaps(rule: ReplicaRule, arrivals: Iterable[tuple[float, str]], *, slots
     sched = Scheduler(state, PolicyConfig(), seed=lambda: next(seeds),
                       guards=Guards(placement=rule))
     state.on_round = lambda b: sched.kick()
-    state.set_backends([BackendSpec(url=URL, kind="ollama", memory_gb=MEMORY_GB,
-                                    capacity=slots)])
+    state.set_backends([BackendSpec(url=URL, kind="ollama", memory_gb=memory_gb,
+                                    capacity=slots, max_loaded_models=max_loaded_models)])
     state.service.startService()
     clock.advance(0.6)
     start = clock.seconds()

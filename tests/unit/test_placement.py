@@ -403,3 +403,17 @@ def test_the_rules_parameters_in_config() -> None:
         with pytest.raises(ConfigError) as info:
             parse_config(f"routing:\n  {bad}\n")
         assert field in str(info.value), (bad, str(info.value))
+
+
+def test_max_loaded_models_in_config() -> None:
+    """``backends[].max_loaded_models`` reaches the backend (and a dns entry's members);
+    zero, a negative number or a string is refused with its path."""
+    from pharos.config import ConfigError, parse_config
+
+    cfg = parse_config("backends:\n  - url: http://h:1\n    max_loaded_models: 1\n")
+    assert cfg.backends[0].max_loaded_models == 1
+    assert parse_config("backends:\n  - url: http://h:1\n").backends[0].max_loaded_models is None
+    for bad in ("0", "-1", "one"):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"backends:\n  - url: http://h:1\n    max_loaded_models: {bad}\n")
+        assert "max_loaded_models" in str(info.value)

@@ -53,3 +53,16 @@ def test_a_tail_model_is_served_within_the_wait_bound() -> None:
     c_wait = run.waits[10]
     assert bound <= c_wait <= bound + 3 * service, c_wait
     assert run.swaps == 2  # a -> c -> a
+
+
+def test_max_loaded_models_groups_without_memory_gb() -> None:
+    """A host Pharos is told holds one model (``max_loaded_models: 1``, as for
+    ``OLLAMA_MAX_LOADED_MODELS=1`` or llama.cpp router mode) and no memory: its swaps are
+    grouped as with memory for one model; told neither, Pharos sends every model at once."""
+    arrivals = pattern(12)
+    told = run_swaps(GROUPED, arrivals, memory_gb=None, max_loaded_models=1)
+    fifo = run_swaps(FIFO, arrivals, memory_gb=None, max_loaded_models=1)
+    assert told.served == fifo.served == len(arrivals)
+    assert told.swaps * 3 <= fifo.swaps, (told.swaps, fifo.swaps)
+    blind = run_swaps(GROUPED, arrivals, memory_gb=None)
+    assert blind.swaps > 3 * told.swaps  # nothing said: models dispatched side by side
