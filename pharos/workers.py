@@ -6,10 +6,12 @@ twistd's process is a ``Supervisor`` that serves nothing itself:
 - **One listening socket.** It binds the public address once (a busy port still fails the
   start, with the same message) and passes the socket to every worker as fd 3; each worker
   adopts it (``reactor.adoptStreamPort``) when its restore is done, as a single process opens
-  its listener, and closes its own copy of the descriptor, so the kernel hands each new
-  connection to whichever worker accepts first. A worker that crashes loses none of the
-  connections queued in the kernel: the others accept them. (Chosen over SO_REUSEPORT,
-  whose per-socket queues lose their connections with the process that owns them.)
+  its listener, and closes its own copy of the descriptor. Every worker is woken for a new
+  connection and the first to accept it takes it, one per wake-up (so the less busy worker
+  takes more). A worker that crashes loses none of the connections queued in the kernel: the
+  others accept them. (Chosen over SO_REUSEPORT, whose per-socket queues die with the
+  process that owns them, and measured against it: ``LISTEN_MODES``,
+  ``contrib/bench/workers-2026-12-02``.)
 - **Shared state through the peer protocol.** Each worker is a peer of the others over
   loopback (``pharos.peer``: prefix ops, gauges, usage cells and reservations, snapshot pulls
   at start), with a private listener the supervisor binds on 127.0.0.1 and passes as fd 4, a
