@@ -86,14 +86,24 @@ def alive(pid: int) -> bool:
         return False
 
 
+ADMIN = "phk-workers-admin"
+
+
+def reloads(log: Path, index: int) -> int:
+    """How many times worker ``index`` read its config file again."""
+    return log.read_text().count(f"worker {index}: [pharos.reload#info] config")
+
+
 @pytest.fixture
 def supervisor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
         tuple[subprocess.Popen[bytes], int, Path]]:
     extra: str = getattr(request, "param", "")
     port = free_port()
     cfg = tmp_path / "pharos.yaml"
+    admin = hashlib.sha256(ADMIN.encode()).hexdigest()
     cfg.write_text(f"listen: 127.0.0.1:{port}\nworkers: 2\n"
-                   f"drain: {{grace: 1s, timeout: 20s}}\n{extra}")
+                   f"drain: {{grace: 1s, timeout: 20s}}\n"
+                   f"keys:\n  - name: ops\n    sha256: {admin}\n    admin: true\n{extra}")
     log = tmp_path / "out.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([TWISTD, "-n", "--pidfile=", "pharos", "-c", str(cfg)],
@@ -118,8 +128,9 @@ def test_two_workers_serve_restart_reload_and_drain(
         supervisor: tuple[subprocess.Popen[bytes], int, Path]) -> None:
     """Both workers answer on the one port (each counted up in the merged /metrics); a
     worker killed with SIGKILL is started again (a new pid, same index) while the other
-    keeps answering every request; SIGHUP makes both read the config again; SIGTERM drains
-    both and the supervisor and every worker end, with no traceback."""
+    keeps answering every request; SIGHUP, and ``POST /admin/reload`` answered by either
+    worker, make both read the config again; SIGTERM drains both and the supervisor and
+    every worker end, with no traceback."""
     proc, port, log = supervisor
     wait_for("both workers up", lambda: workers_up(port) == {"0": 1.0, "1": 1.0})
     for _ in range(20):
@@ -137,8 +148,15 @@ def test_two_workers_serve_restart_reload_and_drain(
     assert get(port, "/healthz")[0] == 200
 
     proc.send_signal(signal.SIGHUP)
-    wait_for("both workers reloaded", lambda: all(
-        f"worker {i}: [pharos.reload#info] config" in log.read_text() for i in (0, 1)))
+    wait_for("both workers reloaded", lambda: all(reloads(log, i) >= 1 for i in (0, 1)))
+    before = [reloads(log, i) for i in (0, 1)]
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/reload", data=b"",
+                                 method="POST", headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        assert json.loads(r.read())["changed"] is False
+    wait_for("both workers reloaded again",
+             lambda: all(reloads(log, i) > before[i] for i in (0, 1)))
 
     pids = [started(log)[0][-1], started(log)[1][-1]]
     proc.send_signal(signal.SIGTERM)
