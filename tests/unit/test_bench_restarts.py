@@ -118,7 +118,7 @@ def test_fleet_spec_json_names_instances_only_when_not_the_default() -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--instances", "0"], "--instances must be at least 1"),
-    (["--instances", "2", "--policies", "round-robin,cost"], "not for round-robin"),
+    (["--instances", "2", "--policies", "prefix-aware,cost"], "not for prefix-aware"),
     (["--peers"], "--peers needs --instances 2 or more"),
     (["--instances", "2", "--restart", "2@1"], "there are 2 instances"),
     (["--instances", "2", "--restart", "1@9"], "after the run's 5 s"),
