@@ -45,6 +45,7 @@ from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
 from pharos.proxy.drain import Drain, Health, second_signal_ends
 from pharos.proxy.public import PublicAPI
+from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.sched import Guards, Scheduler
 from pharos.shadow import Shadow
@@ -414,8 +415,8 @@ def public_site(top: PharosService, max_body: int = MAX_BODY_BYTES) -> Site:
     arrive, request heads bounded in time, requests tracked for the drain."""
     root = with_pages(PathGuard(top.public.app.resource()), top.pages)
     root = top.drain.wrap(WithMetrics(root, MetricsPage(top.metrics)))
-    site = PublicSite(root, requestFactory=bounded_request_factory(
-        max_body, on_too_large=top.public.too_large))
+    site = PublicSite(root, requestFactory=streaming_request_factory(bounded_request_factory(
+        max_body, on_too_large=top.public.too_large)))
     site.head_deadline = top.config.timeouts.request_headers
     site.body_deadline = top.config.timeouts.request_body
     site.timeOut = top.config.timeouts.idle

@@ -59,8 +59,14 @@ class PharosChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         self._stop_head_timer()
         super().allHeadersReceived()
+        req = self.requests[-1]
         if self._version != b"HTTP/1.1":
-            self.requests[-1].responseHeaders.setRawHeaders(b"connection", [b"close"])
+            req.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        if getattr(req, "pipe", None) is not None and not getattr(self, "_refused", False):
+            # A model-management body (pharos.proxy.stream_body): the route runs now and
+            # the body is piped to the engine as it arrives, paced by its idle timeout.
+            req.dispatch_early(self._command, self._path, self._version)
+            return
         if self.length != 0 and self.transport is not None:  # a body to come: bounded in time
             self._head_timer = self.callLater(self.body_deadline, self._body_too_slow)
 

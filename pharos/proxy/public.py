@@ -41,6 +41,7 @@ from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
 from pharos.proxy.explain import explain
+from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import collect, response_headers, send
 from pharos.sched import Lease, Scheduler
@@ -52,8 +53,6 @@ log = Logger()
 
 #: Ollama clients probe ``HEAD /`` before every command, without a key.
 OLLAMA_BANNER = b"Ollama is running"
-#: Ollama model-management routes Pharos does not serve.
-OLLAMA_UNSERVED = frozenset({"pull", "push", "delete", "create", "copy", "blobs"})
 #: Ollama routes Pharos serves, with their methods (for the 405 of a wrong one).
 OLLAMA_METHODS: dict[str, tuple[str, ...]] = {
     "chat": ("POST",), "generate": ("POST",), "embed": ("POST",), "embeddings": ("POST",),
@@ -114,6 +113,8 @@ class PublicAPI:
         self.shadow: ShadowView | None = None
         #: The config in effect and its patches (``/admin/config``); None: not wired (tests).
         self.config_admin: ConfigAdmin | None = None
+        #: Model management on Ollama backends (``pharos.proxy.manage``), made on first use.
+        self.manager: ModelManager | None = None
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -292,15 +293,18 @@ class PublicAPI:
         request.write(await collect(response, 64 * 1024 * 1024))
 
     @app.route("/api/<string:name>", methods=["GET", "POST", "DELETE", "HEAD", "PUT"])
-    def ollama_unserved(self, request: Request, name: str) -> bytes:
-        """The rest of /api/: model management is the engines' business (501, which the ollama
-        CLI prints); a served route with the wrong method is 405 naming the allowed ones; any
-        other name is 404, all in Ollama's shape."""
+    async def ollama_other(self, request: Request, name: str) -> bytes | None:
+        """The rest of /api/: model management (pull, push, create, copy, delete) goes to one
+        Ollama backend for an admin (``pharos.proxy.manage``); a served route with the wrong
+        method is 405 naming the allowed ones; any other name is 404, all in Ollama's
+        shape."""
+        manage = MANAGE_METHODS.get(name)
+        if manage is not None and request.method.decode("latin-1") in manage:
+            self._admin(request)
+            await self._manager().forward(request)
+            return None
         self._who(request)
-        if name in OLLAMA_UNSERVED:
-            raise ApiError(501, f"Pharos routes requests and does not manage models: "
-                                f"/api/{name} is not supported")
-        allowed = OLLAMA_METHODS.get(name)
+        allowed = OLLAMA_METHODS.get(name) or manage
         if allowed is not None:
             request.setHeader(b"allow", ", ".join(allowed).encode())
             method = errors.echo(request.method.decode("latin-1"))
@@ -308,11 +312,23 @@ class PublicAPI:
                            code="method_not_allowed")
         raise ApiError(404, f"no route /api/{errors.echo(name)}", code="not_found")
 
-    @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD"])
-    def ollama_blobs(self, request: Request, rest: str) -> bytes:
-        """Blob uploads belong to model management: 501."""
-        self._who(request)
-        raise ApiError(501, "Pharos does not manage models: /api/blobs is not supported")
+    @app.route("/api/blobs/<path:rest>", methods=["GET", "POST", "HEAD", "PUT", "DELETE"])
+    async def ollama_blobs(self, request: Request, rest: str) -> None:
+        """A blob's existence (HEAD) or upload (POST, streamed), for an admin, on one Ollama
+        backend (``pharos.proxy.manage``)."""
+        self._admin(request)
+        if request.method.decode("latin-1") not in BLOB_METHODS:
+            request.setHeader(b"allow", ", ".join(BLOB_METHODS).encode())
+            method = errors.echo(request.method.decode("latin-1"))
+            raise ApiError(405, f"method {method} not allowed on /api/blobs",
+                           code="method_not_allowed")
+        await self._manager().forward(request)
+
+    def _manager(self) -> ModelManager:
+        if self.manager is None:
+            self.manager = ModelManager(self.state, self.client, self.clock,
+                                        lambda: self.timeouts.stream_idle)
+        return self.manager
 
     # --- usage -----------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from pharos.engine.library import LLAMACPP, LLAMASWAP, OLLAMA, VLLM
 from pharos.sim.batch import VLLM_KNOBS, BatchModel
 from pharos.sim.llamacpp import LlamacppFlavor
 from pharos.sim.llamaswap import LlamaswapFlavor
+from pharos.sim.manage import OllamaManagement, blob_request_class, is_manage
 from pharos.sim.model import (
     DEFAULT_SLOTS,
     LOAD,
@@ -202,6 +203,9 @@ class EngineDouble:
         self.hung = False
         self._unanswered: list[Request] = []  # requests that came while hung
         self.resource = _DoubleResource(self)
+        #: Ollama's model management (``pharos.sim.manage``).
+        self.manage = (OllamaManagement(self.flavor, clock)  # type: ignore[arg-type]
+                       if kind == OLLAMA else None)
 
     def _flavor(self, kind: str, capture: Capture, models: Mapping[str, int] | None,
                 fixtures: Path | None) -> Flavor:
@@ -221,7 +225,10 @@ class EngineDouble:
     def factory(self, reactor: IReactorTime | None = None) -> WrappingFactory:
         """A protocol factory serving this double: a ``Site`` (``reactor``: the one that runs
         its connections), wrapped so that ``kill`` can find every connection."""
-        wrapped = WrappingFactory(_QuietSite(self.resource, reactor=reactor))
+        site = _QuietSite(self.resource, reactor=reactor)
+        if self.manage is not None:  # blob uploads hashed as they arrive, never kept
+            site.requestFactory = blob_request_class(site.reactor, self.manage)
+        wrapped = WrappingFactory(site)
         self._factories.append(wrapped)
         return wrapped
 
@@ -521,6 +528,9 @@ class _DoubleResource(Resource):
         if self._double.hung:
             self._double._unanswered.append(request)
             return NOT_DONE_YET
+        manage = self._double.manage
+        if manage is not None and is_manage(request.path):
+            return manage.render(request)
         if request.method in (b"GET", b"HEAD", b"POST"):
             result: bytes | int = super().render(request)
             return result

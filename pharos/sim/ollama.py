@@ -64,6 +64,15 @@ class OllamaFlavor(Flavor):
         """Name → size as ``/api/tags`` lists them."""
         return dict(self._models)
 
+    def add_model(self, name: str, size: int) -> None:
+        """A model pulled, created or copied in (model management, ``pharos.sim.manage``)."""
+        self._models[name] = size
+
+    def remove_model(self, name: str) -> None:
+        """A deleted model (the double keeps at least one, as its bodies need a template)."""
+        if len(self._models) > 1:
+            self._models.pop(name, None)
+
     def served_model(self, requested: str | None) -> str | None:
         """Ollama's name rule: a name without a tag means ``:latest``."""
         if requested is None:

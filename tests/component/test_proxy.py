@@ -295,9 +295,10 @@ async def test_ollama_routes_and_aggregates() -> None:
                                            "messages": [{"role": "user", "content": "x"}]})
         assert r.code == 200
         assert json.loads(await r.content())["done"] is True
+        # model management goes to one Ollama backend: with two up and none named, a 409
         r = await fleet.post("/api/pull", {"model": LLAMA})
-        assert r.code == 501
-        assert "error" in json.loads(await r.content())
+        assert r.code == 409
+        assert "x-pharos-backend" in json.loads(await r.content())["error"]
         # a served route with the wrong method is 405, an unknown one 404, in Ollama's shape
         r = await treq.get(fleet.url + "/api/chat", pool=fleet.pool)
         assert r.code == 405 and r.headers.getRawHeaders(b"allow") == [b"POST"]
