@@ -23,6 +23,7 @@ the running key's hash (matched by name).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -64,6 +65,20 @@ MAX_LISTED = 1000
 
 # --- the config as a document -----------------------------------------------------------------
 
+def _scalars(obj: Any, *special: str) -> dict[str, Any]:
+    """A config dataclass's fields as the file writes them, but for ``special`` ones (the
+    caller writes those): scalars as they are, tuples of scalars as lists. A field added later
+    with a plain value is carried without a change here; any other shape is caught by the
+    round trip ``ConfigAdmin.patch`` checks first."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name in special:
+            continue
+        value = getattr(obj, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def to_document(config: Config) -> dict[str, Any]:
     """``config`` in the file's shape (JSON types; durations in seconds): what
     ``parse_config`` reads back as ``config``."""
@@ -73,39 +88,23 @@ def to_document(config: Config) -> dict[str, Any]:
         "listen": c.listen.address,
         "policy": c.policy,
         "backends": [_backend(b) for b in c.backends] + [_dns(d) for d in c.dns_backends],
-        "keys": [{"name": k.name, "sha256": k.sha256, "rpm": k.rpm,
-                  "tokens_per_day": k.tokens_per_day, "weight": k.weight,
-                  "models": list(k.models), "admin": k.admin, "tenant": k.tenant}
-                 for k in c.keys],
-        "tenants": [{"name": x.name, "weight": x.weight, "rpm": x.rpm,
-                     "tokens_per_day": x.tokens_per_day} for x in c.tenants],
+        "keys": [_scalars(k) for k in c.keys],
+        "tenants": [_scalars(x) for x in c.tenants],
         "state_file": c.state_file,
-        "usage": {"timezone": c.usage.timezone, "retention_days": c.usage.retention_days,
-                  "journal": c.usage.journal},
-        "drain": {"grace": c.drain.grace, "timeout": c.drain.timeout},
+        "usage": _scalars(c.usage),
+        "drain": _scalars(c.drain),
         "peers": None if c.peers is None else {
             "secret_file": c.peers.secret_file, "listen": c.peers.listen.address,
             **({"members": list(c.peers.members)} if c.peers.members else {}),
             **({"dns": c.peers.dns} if c.peers.dns is not None else {})},
-        "routing": {
-            "bounded_load_epsilon": r.bounded_load_epsilon,
-            "kv_pressure_threshold": r.kv_pressure_threshold,
-            "hot_prefix_utilization": r.hot_prefix_utilization,
-            "session_affinity": r.session_affinity, "eviction_pricing": r.eviction_pricing,
-            "prefix_entries": r.prefix_entries,
-            "replica_utilization": r.replica_utilization,
-            "load_wait_bound": r.load_wait_bound, "swap_grouping": r.swap_grouping,
-            "split": None if r.split is None else dict(r.split),
-            "shadow": list(r.shadow)},
+        "routing": {**_scalars(r, "split"),
+                    "split": None if r.split is None else dict(r.split)},
         "observability": {
-            "decision_log": None if obs.decision_log is None else {
-                "path": obs.decision_log.path, "sample_rate": obs.decision_log.sample_rate},
-            "shadow_log": obs.shadow_log},
+            **_scalars(obs, "decision_log"),
+            "decision_log": None if obs.decision_log is None else _scalars(obs.decision_log)},
         "timeouts": {"first_byte": {"generate": t.first_byte_generate,
                                     "embeddings": t.first_byte_embeddings},
-                     "stream_idle": t.stream_idle, "request_headers": t.request_headers,
-                     "queue_stuck": t.queue_stuck, "request_body": t.request_body,
-                     "idle": t.idle},
+                     **_scalars(t, "first_byte_generate", "first_byte_embeddings")},
         "workers": c.workers,
         "models": [{"name": m.name, "aliases": list(m.aliases), "policy": m.policy,
                     "split": None if m.split is None else dict(m.split),
@@ -118,7 +117,7 @@ def to_document(config: Config) -> dict[str, Any]:
 
 def _engine_fields(b: Backend) -> dict[str, Any]:
     """The fields a url entry and a dns entry share."""
-    return {"kind": b.kind, "memory_gb": b.memory_gb, "capacity": b.capacity,
+    return {**_scalars(b, "url", "aliases", "logs", "probes", "cost_model"),
             "aliases": dict(b.aliases), "probes": [_probe(p) for p in b.probes],
             "cost_model": _cost(b.cost_model)}
 

@@ -36,6 +36,7 @@ backends:
     kind: ollama
     memory_gb: 24
     capacity: 4
+    max_loaded_models: 2
     aliases: {{"llama3.1:8b": llama-8b-engine}}
     logs: file:///var/log/ollama.log
     cost_model: {{prefill_token_s: 0.0001, prefill_pair_s: 3.0e-9, prefill_fixed_s: 0.005}}
