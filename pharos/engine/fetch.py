@@ -7,21 +7,20 @@ A fetch either yields the whole body (bounded) with its status, or fails with ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from http.cookiejar import DefaultCookiePolicy
 from pathlib import Path
 from typing import Any, Protocol
 
 from treq.client import HTTPClient
-from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol as TxProtocol
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from pharos.engine.agent import EngineAgent, NoCookies
 from pharos.engine.capture import Capture
 
 #: A metrics page or status body larger than this is an error for that probe and round.
@@ -211,9 +210,8 @@ def _stop(transport: object) -> None:
 
 
 def make_client(reactor: Any, pool: HTTPConnectionPool | None = None) -> HTTPClient:
-    """A treq client that keeps no cookies: nothing an engine sets reaches another request."""
+    """A treq client that keeps no cookies: nothing an engine sets reaches another request.
+    Beneath it ``EngineAgent`` (``Agent`` with each URL's parse and endpoint made once)."""
     if pool is None:
         pool = HTTPConnectionPool(reactor, persistent=True)
-    agent = Agent(reactor, pool=pool)
-    jar = IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-    return HTTPClient(agent, cookiejar=jar)
+    return HTTPClient(EngineAgent(reactor, pool=pool), cookiejar=NoCookies())

@@ -21,6 +21,8 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from pharos.engine.agent import NO_COOKIES
+
 #: Headers that belong to one hop and are never relayed (RFC 9110 §7.6.1).
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
@@ -76,10 +78,12 @@ def engine_url(text: str) -> EncodedURL:
 
 def send(client: HTTPClient, url: str, body: bytes, content_type: bytes = b"application/json",
          method: str = "POST") -> Deferred[Any]:
-    """One request to an engine: unbuffered, no redirects, no client credentials."""
+    """One request to an engine: unbuffered, no redirects, no client credentials, no cookies
+    (``NO_COOKIES``: treq builds no cookie jar for the request)."""
     headers = Headers({b"content-type": [content_type]})
     return client.request(method, engine_url(url), data=body if method != "GET" else None,
-                          headers=headers, unbuffered=True, allow_redirects=False)
+                          headers=headers, unbuffered=True, allow_redirects=False,
+                          cookies=NO_COOKIES)
 
 
 def response_headers(response: IResponse) -> list[tuple[bytes, list[bytes]]]:

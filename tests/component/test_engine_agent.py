@@ -1,0 +1,71 @@
+"""The engine leg's client (``make_client``: treq over ``EngineAgent`` with ``NoCookies``) over
+real loopback sockets: cookies an engine sets never come back, one kept-alive connection per
+engine is reused, the Host header is the URL's, and an unsupported scheme fails cleanly."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.web.client import HTTPConnectionPool
+from twisted.web.error import SchemeNotSupported
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from pharos.proxy.relay import collect, send
+from tests.component.capture_server import close, serve
+
+
+class Engine(Resource):
+    """Sets a cookie on every reply; remembers each request's Cookie and Host headers and the
+    client port it came from."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bytes | None, bytes | None, int]] = []
+
+    def render(self, request: Request) -> bytes:
+        peer = request.getClientAddress()
+        self.seen.append((request.getHeader(b"cookie"), request.getHeader(b"host"),
+                          getattr(peer, "port", 0)))
+        request.addCookie(b"session", b"engine-secret", path=b"/")
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"ok":true}'
+
+
+@pytest_twisted.ensureDeferred
+async def test_engine_client_keeps_no_cookies_and_reuses_one_connection() -> None:
+    """Three requests to one engine: none carries the cookie the engine set, all name the
+    URL's host and port, and all ride one pooled connection (pooling kept under the agent)."""
+    from pharos.engine.fetch import make_client
+
+    engine = Engine()
+    port, base = serve(engine)
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        client = make_client(reactor, pool)
+        for _ in range(3):
+            response = await send(client, base + "/v1/chat/completions", b'{"model":"m"}')
+            assert response.code == 200
+            assert await collect(response) == b'{"ok":true}'
+        host = base.removeprefix("http://").encode()
+        assert [(c, h) for c, h, _ in engine.seen] == [(None, host)] * 3
+        assert len({p for _, _, p in engine.seen}) == 1, "one kept-alive connection"
+    finally:
+        await pool.closeCachedConnections()
+        await close(port)
+
+
+@pytest_twisted.ensureDeferred
+async def test_engine_client_refuses_an_unsupported_scheme() -> None:
+    """A URL whose scheme no endpoint serves fails the request's Deferred (no exception
+    escapes the call), every time it is asked (a failed parse is not kept)."""
+    from pharos.engine.fetch import make_client
+
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    client = make_client(reactor, pool)
+    for _ in range(2):
+        with pytest.raises(SchemeNotSupported):
+            await send(client, "ftp://127.0.0.1:1/x", b"{}")
