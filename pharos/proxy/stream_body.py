@@ -124,7 +124,7 @@ class BodyPipe:
                                 "opened"))
         self._done = Deferred()
         self._flush()
-        self._maybe_done()
+        self._settle()
         return self._done
 
     def pauseProducing(self) -> None:
@@ -136,8 +136,7 @@ class BodyPipe:
         """The engine's socket drained: pass what is held, read the client's socket again."""
         self._paused = False
         self._flush()
-        if not self._buffer and not self._paused and not self.complete:
-            self._release()
+        self._settle()
 
     def stopProducing(self) -> None:
         """The engine request is gone: nothing more is passed (its Deferred never fires, as
@@ -154,6 +153,13 @@ class BodyPipe:
             chunk = self._buffer.pop(0)
             self.sent += len(chunk)
             consumer.write(chunk)  # may pause us at once
+
+    def _settle(self) -> None:
+        """After a flush: the client is read again if nothing is kept and the engine takes
+        more; the body is done if it ended."""
+        if not self._buffer and not self._paused:
+            self._release()
+        self._maybe_done()
 
     def _maybe_done(self) -> None:
         done = self._done
