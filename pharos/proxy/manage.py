@@ -24,7 +24,12 @@ from typing import Any
 from treq.client import HTTPClient
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime, ITCPTransport
-from twisted.web.client import RequestGenerationFailed, ResponseFailed, ResponseNeverReceived
+from twisted.web.client import (
+    RequestGenerationFailed,
+    RequestTransmissionFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
@@ -133,7 +138,7 @@ class ModelManager:
                 method, url, data=body, headers=headers, unbuffered=True,
                 allow_redirects=False, cookies=NO_COOKIES)
         except (ConnectError, DNSLookupError, ResponseNeverReceived, ResponseFailed,
-                RequestGenerationFailed) as e:
+                RequestGenerationFailed, RequestTransmissionFailed) as e:
             # (a client that left mid-body gets nothing: its connection is gone)
             raise errors.upstream(f"backend {redact_url(backend.url)} did not answer: "
                                   f"{e.__class__.__name__}") from None

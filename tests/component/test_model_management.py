@@ -17,13 +17,15 @@ from typing import Any
 import ollama
 import pytest_twisted
 import treq
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
+from twisted.web.client import ResponseFailed
 from twisted.web.http_headers import Headers
 
 from pharos.config import Key
 from pharos.proxy.auth import digest
 from tests.component.blob_upload import digest_of, upload
-from tests.component.fleet import Fleet, eventually, start_fleet
+from tests.component.fleet import Fleet, eventually, sleep, start_fleet, within
 
 ADMIN, USER = "phk-admin-mm", "phk-user-mm"
 KEYS = (Key(name="ops", sha256=digest(ADMIN), admin=True),
@@ -255,5 +257,31 @@ async def test_a_large_upload_behind_a_slow_engine_holds_bounded_memory() -> Non
         assert store.blobs == {digest_of(BIG): BIG}
         assert m.pauses > 0
         assert m.growth < RSS_BOUND, f"RSS grew {m.growth / 2**20:.1f} MiB"
+    finally:
+        await f.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_engine_that_dies_mid_upload_is_a_502() -> None:
+    """The engine's connections dropped while a blob is on its way: the client gets a 502 in
+    Ollama's shape (or its connection cut), never a success, and nothing is stored."""
+    size = 256 << 20
+    digest_of(size)
+    f = await start_fleet([("ollama", {}, {"kind": "ollama"})], keys=KEYS)
+    store = f.doubles[0].manage
+    assert store is not None
+    store.read_rate = 8 << 20
+    try:
+        sending = ensureDeferred(upload(f.url, ADMIN, size, f.pool))
+        await sleep(1.0)
+        f.doubles[0].kill()
+        try:
+            m = await within(sending, 60)
+        except ResponseFailed:
+            pass  # the connection was cut before the reply could be read
+        else:
+            assert m.status == 502, m.body
+            assert "did not answer" in json.loads(m.body)["error"]
+        assert store.blobs == {}
     finally:
         await f.stop()
