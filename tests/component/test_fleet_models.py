@@ -205,3 +205,31 @@ async def test_a_reload_changes_aliases_split_and_shadow_live() -> None:
         assert top.shadow.fleet.generation == 1
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_admin_shadow_needs_an_admin_key() -> None:
+    """Once keys are configured, ``GET /admin/shadow`` is 401 without a key, 403 with a
+    user's and 200 with an admin's; a user's key allowed the fleet name may use an alias."""
+    from pharos.config import Key
+    from pharos.proxy.auth import digest
+
+    admin, user = "phk-admin-shadow", "phk-user-shadow"
+    fleet = await two_names(keys=(Key(name="ops", sha256=digest(admin), admin=True),
+                                  Key(name="u", sha256=digest(user), models=(FLEET_NAME,))))
+    try:
+        async def get(key: str | None) -> int:
+            h = Headers({b"authorization": [f"Bearer {key}".encode()]} if key else {})
+            r = await treq.get(fleet.url + "/admin/shadow", headers=h, pool=fleet.pool)
+            await r.content()
+            return int(r.code)
+
+        assert [await get(None), await get(user), await get(admin)] == [401, 403, 200]
+        r = await treq.post(fleet.url + "/v1/chat/completions", json.dumps(
+            {"model": CPP_NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+        ).encode(), headers=Headers({b"authorization": [f"Bearer {user}".encode()],
+                                     b"content-type": [b"application/json"]}), pool=fleet.pool)
+        assert r.code == 200, await r.content()
+        await r.content()
+    finally:
+        await fleet.stop()
