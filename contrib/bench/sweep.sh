@@ -9,7 +9,8 @@ pharos=${PHAROS:-.venv/bin/pharos}
 seeds=${SEEDS:-1,2}
 duration=${DURATION:-60}
 warmup=${WARMUP:-20}
-policies=round-robin,random,least-load,cost
+# Every policy goes through Pharos (the baselines too, since issue 17); POLICIES narrows them.
+policies=${POLICIES:-round-robin,random,p2c,prefix-hash,least-load,cost}
 
 # Three vLLM-like engines (max-num-seqs 64, Pharos told so). Small KV pools (600 blocks of 16
 # tokens = 9,600 tokens) for the shared-prompt workloads, so each engine holds only some of
