@@ -41,9 +41,13 @@ _BODY_METHODS = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 DEFAULT_STALL = 60.0
 
 
+#: What a piped path starts with: one C-level test turns every other request away.
+_PREFIXES = (*STREAMED_PATHS, BLOBS_PREFIX)
+
+
 def streams(command: bytes, path: bytes) -> bool:
     """Whether a request's body is piped: a body-carrying method on a management route."""
-    if not path.startswith(b"/api/") or command not in _BODY_METHODS:
+    if not path.startswith(_PREFIXES) or command not in _BODY_METHODS:
         return False
     bare = path.split(b"?", 1)[0]
     return bare in STREAMED_PATHS or bare.startswith(BLOBS_PREFIX)
