@@ -219,7 +219,8 @@ async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int, us
 def bench_bad_input(slow_clients: int = 1000, slow_seconds: float = 20.0,
                     idle_connections: int = 10_000, idle_used: int = 2_000,
                     idle: float | None = None,
-                    request_body: float | None = None, pin: bool = True) -> dict[str, Any]:
+                    request_body: float | None = None, pin: bool = True,
+                    idle_rounds: int = 1) -> dict[str, Any]:
     """Start the engine and Pharos, run the phases, stop both."""
     _raise_fd_limit(idle_connections + slow_clients + 200)
     pins = pinning() if pin else None
@@ -260,8 +261,11 @@ def bench_bad_input(slow_clients: int = 1000, slow_seconds: float = 20.0,
                 out["baseline"] = {"fast_client_ms": _summary(
                     await _measure_fast(port, fast_raw, 5.0)), "rss_mb": round(rss_mb(pid), 1)}
                 out["slow"] = await _slow_phase(port, pid, fast_raw, slow_clients, slow_seconds)
-                out["idle"] = await _idle_phase(port, pid, fast_raw, idle_connections,
-                                                idle_used, idle_s)
+                rounds = [await _idle_phase(port, pid, fast_raw, idle_connections,
+                                            idle_used, idle_s) for _ in range(idle_rounds)]
+                out["idle"] = rounds[0]
+                if idle_rounds > 1:  # is the memory of closed connections reused?
+                    out["idle_rounds"] = rounds
                 out["after"] = {"fast_client_ms": _summary(
                     await _measure_fast(port, fast_raw, 3.0)), "rss_mb": round(rss_mb(pid), 1)}
 
@@ -291,5 +295,8 @@ def print_bad_input(r: dict[str, Any]) -> None:
           f"{i['rss_after_closed_mb']} MB; fast client p50 {i['fast_client_ms']['p50']} p99 "
           f"{i['fast_client_ms']['p99']} ms; closed by Pharos {i['closed_by_pharos']} after "
           f"{i['closed_after_last_request_s']} s (idle {i['idle_timeout_s']:g} s)")
+    for k, more in enumerate(r.get("idle_rounds", [])[1:], 2):
+        print(f"  round {k}: RSS {more['rss_before_mb']} -> {more['rss_all_open_mb']} -> "
+              f"{more['rss_after_closed_mb']} MB; closed by Pharos {more['closed_by_pharos']}")
     a = r["after"]
     print(f"  after: fast client p50 {a['fast_client_ms']['p50']} ms, RSS {a['rss_mb']} MB")

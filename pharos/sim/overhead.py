@@ -209,6 +209,8 @@ def main_overhead(argv: list[str]) -> int:
                    help="how many of them make one chat first (the rest connect only)")
     b.add_argument("--idle", type=float, default=None,
                    help="Pharos's timeouts.idle for the run (default: its default)")
+    b.add_argument("--idle-rounds", type=int, default=1,
+                   help="open and idle out the connections this many times (memory reuse)")
     b.add_argument("--request-body", type=float, default=None,
                    help="Pharos's timeouts.request_body for the run (default: its default)")
     a = p.parse_args(argv)
@@ -216,7 +218,8 @@ def main_overhead(argv: list[str]) -> int:
         from pharos.bench.badinput import bench_bad_input, print_bad_input
 
         br = bench_bad_input(a.slow_clients, a.slow_seconds, a.idle_connections, a.idle_used,
-                             a.idle, a.request_body, pin=not a.no_pin)
+                             a.idle, a.request_body, pin=not a.no_pin,
+                             idle_rounds=a.idle_rounds)
         if a.json:
             print(json.dumps(br, indent=2))
         else:
