@@ -1,5 +1,11 @@
-"""Layer 3: the clients users point at Pharos work unchanged: the OpenAI Python SDK (streamed
-and not) and the ``ollama`` Python client, against the demo's fleet of engine doubles."""
+"""Layer 3: the clients users point at Pharos work unchanged, each pinned (setup.cfg extra
+``test``; tests/clients/package-lock.json): the OpenAI Python and Node SDKs, the ollama Python
+and JS clients, LangChain's ChatOpenAI, the Anthropic Python SDK and Claude Code, with a key,
+streamed and not, against an Ollama-like engine double and llama.cpp's recorded replies. Each
+``*_capture`` test records what its client sent through a sink in front of Pharos and fails
+with the diff against the committed capture in tests/clients/<client>/<version>/ (README:
+Clients); ``PHAROS_RECORD_CLIENTS=1`` re-records. test_clients_replay.py replays the captures,
+test_clients_live.py runs the clients against a real llama.cpp."""
 
 from __future__ import annotations
 
