@@ -11,10 +11,14 @@ import json
 import select
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
+from twisted.logger import ILogObserver, globalLogPublisher
+from zope.interface import implementer
 
 from pharos.config import Timeouts
 from tests.component.fleet import Fleet, sleep, start_fleet
@@ -23,6 +27,21 @@ from tests.component.fleet import Fleet, sleep, start_fleet
 N = 200
 #: Generous: every wait ends on an event (a reply, a close) well before it.
 PATIENCE = 60.0
+
+
+@pytest.fixture
+def failures() -> Iterator[list[dict[str, Any]]]:
+    """Every log event that carries a traceback while the test runs."""
+    seen: list[dict[str, Any]] = []
+
+    @implementer(ILogObserver)
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_failure") is not None or event.get("isError"):
+            seen.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    yield seen
+    globalLogPublisher.removeObserver(observe)
 
 
 async def _fleet(timeouts: Timeouts) -> Fleet:
@@ -93,9 +112,11 @@ async def _served_meanwhile(fleet: Fleet, busy: Any) -> int:
 
 
 @pytest_twisted.ensureDeferred
-async def test_many_slow_heads_get_408_while_others_are_served() -> None:
+async def test_many_slow_heads_get_408_while_others_are_served(
+        failures: list[dict[str, Any]]) -> None:
     """200 connections sending their request heads a byte every 0.1 s all get a JSON 408
-    naming the header deadline and are closed; chats sent meanwhile are all served."""
+    naming the header deadline and are closed; chats sent meanwhile are all served; nothing
+    logs a traceback."""
     fleet = await _fleet(Timeouts(request_headers=1.0))
     try:
         socks = _connect(fleet.url, N)
@@ -106,18 +127,19 @@ async def test_many_slow_heads_get_408_while_others_are_served() -> None:
         replies = await d
     finally:
         await fleet.stop()
-    assert served >= 1
+    assert served >= 1 and not failures
     for raw in replies:
         status, body = _status_and_json(raw)
         assert status == 408 and "request headers" in body["error"]["message"]
 
 
 @pytest_twisted.ensureDeferred
-async def test_many_slow_bodies_get_408_while_others_are_served() -> None:
+async def test_many_slow_bodies_get_408_while_others_are_served(
+        failures: list[dict[str, Any]]) -> None:
     """200 connections whose heads arrive whole but whose bodies come a byte every 0.1 s
     (Content-Length, and chunked on every other one) all get a JSON 408 naming the body
     deadline, though every byte restarted twisted.web's idle timer; chats sent meanwhile are
-    all served."""
+    all served; nothing logs a traceback."""
     fleet = await _fleet(Timeouts(request_body=1.0))
     try:
         socks = _connect(fleet.url, N)
@@ -135,7 +157,7 @@ async def test_many_slow_bodies_get_408_while_others_are_served() -> None:
         replies = await d
     finally:
         await fleet.stop()
-    assert served >= 1
+    assert served >= 1 and not failures
     for raw in replies:
         status, body_ = _status_and_json(raw)
         assert status == 408 and "request body" in body_["error"]["message"]
@@ -178,10 +200,11 @@ def _idle_until_closed(url: str, used: int, idle: int) -> tuple[list[int], int]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_idle_keep_alive_connections_are_closed_after_the_idle_timeout() -> None:
+async def test_idle_keep_alive_connections_are_closed_after_the_idle_timeout(
+        failures: list[dict[str, Any]]) -> None:
     """100 keep-alive connections after one request each, and 200 that never sent a byte,
     are all closed by Pharos once ``timeouts.idle`` passes with nothing from them; chats sent
-    while they are open are served."""
+    while they are open are served; nothing logs a traceback."""
     fleet = await _fleet(Timeouts(idle=1.0))
     try:
         d = deferToThread(_idle_until_closed, fleet.url, 100, 200)
@@ -189,6 +212,6 @@ async def test_idle_keep_alive_connections_are_closed_after_the_idle_timeout() -
         statuses, closed = await d
     finally:
         await fleet.stop()
-    assert served >= 1
+    assert served >= 1 and not failures
     assert statuses == [200] * 100
     assert closed == 300
