@@ -13,6 +13,7 @@ records is in it). A new branch gets a row here in the same change.
 from __future__ import annotations
 
 import os
+import random
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -64,13 +65,20 @@ _REFUSALS: Final = {
 }
 
 
+#: Fresh request ids: 128 random bits from a generator seeded from the OS once (and again in a
+#: forked child), not a ``getrandom`` system call per request. An id names a request; it is
+#: no secret.
+_IDS = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
 def request_id(request: Request) -> str:
     """The client's ``x-request-id`` when well formed (so its logs and Pharos's join), else
     a fresh one (32 hex digits)."""
     sent = request.getHeader(b"x-request-id")
     if sent is not None and _WELL_FORMED_ID.fullmatch(sent):
         return sent.decode("ascii")
-    return os.urandom(16).hex()
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)

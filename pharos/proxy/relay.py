@@ -88,11 +88,12 @@ def send(client: HTTPClient, url: str, body: bytes, content_type: bytes = b"appl
 
 def response_headers(response: IResponse) -> list[tuple[bytes, list[bytes]]]:
     """The engine's headers minus hop-by-hop ones and those its Connection header names."""
-    named: set[bytes] = set()
-    for v in response.headers.getRawHeaders(b"connection", []):
-        named.update(x.strip().lower() for x in v.split(b","))
-    return [(k, vs) for k, vs in response.headers.getAllRawHeaders()
-            if k.lower() not in HOP_BY_HOP and k.lower() not in named]
+    headers = response.headers
+    dropped: frozenset[bytes] = HOP_BY_HOP
+    connection = headers.getRawHeaders(b"connection")
+    if connection:
+        dropped = HOP_BY_HOP.union(x.strip().lower() for v in connection for x in v.split(b","))
+    return [(k, vs) for k, vs in headers.getAllRawHeaders() if k.lower() not in dropped]
 
 
 @implementer(IPushProducer)
