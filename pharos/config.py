@@ -85,6 +85,11 @@ DEFAULT_REQUEST_BODY: Final = 300.0
 DEFAULT_IDLE: Final = 60.0
 #: Requests waiting this long with none starting and no lease given back: /healthz is 503.
 DEFAULT_QUEUE_STUCK: Final = 300.0
+#: Responses conversation state (``responses:``, ``pharos.responses``): records kept at most,
+#: their longest life, and the plaintext bytes of one (a whole conversation up to a response).
+DEFAULT_RESPONSES_MAX: Final = 10_000
+DEFAULT_RESPONSES_MAX_AGE: Final = 24 * 3600.0
+DEFAULT_RESPONSES_MAX_BYTES: Final = 1024 * 1024
 #: A ``dns:`` backend entry's name is resolved again this often (peers' re-resolve, §12).
 DEFAULT_DNS_REFRESH: Final = 10.0
 #: Processes serving the public port (``workers:``; ``auto`` is the cores this process may
@@ -419,6 +424,19 @@ class Routing:
 
 
 @dataclass(frozen=True, slots=True)
+class Responses:
+    """``responses:``: Pharos keeps ``/v1/responses`` conversations for ``store: true``
+    requests and expands ``previous_response_id`` (``pharos.responses``); off unless
+    ``store``. ``key_file`` (required with ``store``) holds the AES-256 key."""
+
+    store: bool = False
+    key_file: str | None = None
+    max_responses: int = DEFAULT_RESPONSES_MAX
+    max_age: float = DEFAULT_RESPONSES_MAX_AGE
+    max_bytes_per_conversation: int = DEFAULT_RESPONSES_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
 class Peers:
     """The peer mesh (§12); exactly one of ``members`` and ``dns`` is set, and the secret is
     required because peers never run unauthenticated."""
@@ -454,6 +472,8 @@ class Config:
     #: The fleet's models: one name for engines' names, each model's routing
     #: (``pharos.models``).
     models: tuple[ModelSpec, ...] = ()
+    #: Responses conversation state (``pharos.responses``); off by default.
+    responses: Responses = Responses()
 
 
 def available_cores() -> int:
@@ -473,6 +493,13 @@ def load_config(path: str | Path, *, refuse_unbuilt: bool = True) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError([f"{path}: cannot read: {e}"]) from e
     config = parse_config(text, refuse_unbuilt=refuse_unbuilt)
+    if config.responses.store and config.responses.key_file is not None:
+        from pharos.responses import read_key
+
+        try:
+            read_key(config.responses.key_file)
+        except ValueError as e:
+            raise ConfigError([f"responses.key_file: {e}"]) from None
     if config.peers is not None:
         try:
             read_peer_secret(config.peers.secret_file)
@@ -792,7 +819,8 @@ class _Parser:
             raw,
             "",
             ("listen", "policy", "backends", "keys", "tenants", "state_file", "usage", "drain",
-             "peers", "routing", "timeouts", "observability", "workers", "models"),
+             "peers", "routing", "timeouts", "observability", "workers", "models",
+             "responses"),
         )
         if m is None:
             return Config()
@@ -814,6 +842,10 @@ class _Parser:
                 self.error(f"keys[{i}].tenant", f"no tenant named {key.tenant!r} in tenants")
         workers = self.workers(m.get("workers"))
         peers = self.peers(m.get("peers"))
+        responses = self.responses(m.get("responses"))
+        if workers > 1 and responses.store:
+            self.error("responses.store", "conversations are kept in one process's memory: "
+                       "not with more than one worker (workers: 1)")
         if workers > 1 and peers is not None:
             self.error("workers", "more than one worker with peers: is not supported yet "
                        "(run one worker per instance in a mesh); remove one of them")
@@ -836,6 +868,7 @@ class _Parser:
             timeouts=self.timeouts(m.get("timeouts")),
             workers=workers,
             models=parse_models(m.get("models"), self.error, self._cost_terms),
+            responses=responses,
         )
 
     def workers(self, raw: object) -> int:
@@ -1407,6 +1440,41 @@ class _Parser:
             grace=self.duration(m.get("grace"), "drain.grace", DEFAULT_DRAIN_GRACE),
             timeout=self.duration(m.get("timeout"), "drain.timeout", DEFAULT_DRAIN_TIMEOUT),
         )
+
+    def responses(self, raw: object) -> Responses:
+        """``responses:``; ``key_file`` is required once ``store`` is true (its content is
+        checked by ``load_config``)."""
+        if raw is None:
+            return Responses()
+        path = "responses"
+        m = self.mapping(raw, path, ("store", "key_file", "max_responses", "max_age",
+                                     "max_bytes_per_conversation"))
+        if m is None:
+            return Responses()
+        store = False
+        if m.get("store") is not None:
+            if isinstance(m["store"], bool):
+                store = m["store"]
+            else:
+                self.expected(_at(path, "store"), "true or false", m["store"])
+        key_file = None
+        if m.get("key_file") is not None:
+            key_file = self.text(m["key_file"], _at(path, "key_file"), "a file path")
+        elif store:
+            self.error(_at(path, "key_file"), "required with store: true (a file holding "
+                       "the AES-256 key: openssl rand -hex 32 > FILE)")
+        base = Responses()
+        count = base.max_responses
+        if m.get("max_responses") is not None:
+            count = self.integer(m["max_responses"], _at(path, "max_responses")) or count
+        size = base.max_bytes_per_conversation
+        if m.get("max_bytes_per_conversation") is not None:
+            size = self.integer(m["max_bytes_per_conversation"],
+                                _at(path, "max_bytes_per_conversation")) or size
+        return Responses(store=store, key_file=key_file, max_responses=count,
+                         max_age=self.positive(m.get("max_age"), _at(path, "max_age"),
+                                               base.max_age),
+                         max_bytes_per_conversation=size)
 
     def peers(self, raw: object) -> Peers | None:
         if raw is None:

@@ -161,6 +161,18 @@ def schema() -> dict[str, Any]:
                                "description": "JSON lines of config generations and shadow "
                                               "decisions (pharos replay-shadow)"},
             }),
+            "responses": _object({
+                "store": {"type": "boolean",
+                          "description": "keep store: true conversations and expand "
+                                         "previous_response_id"},
+                "key_file": {"type": "string", "minLength": 1,
+                             "description": "the AES-256 key: 32 bytes or 64 hex digits "
+                                            "(required with store: true)"},
+                "max_responses": _POSITIVE_INT,
+                "max_age": _DURATION,
+                "max_bytes_per_conversation": _POSITIVE_INT,
+            }, description="Responses conversation state, kept in memory, encrypted; restart "
+                           "only"),
             "timeouts": _object({
                 "first_byte": _object({"generate": _DURATION, "embeddings": _DURATION}),
                 "stream_idle": _DURATION,

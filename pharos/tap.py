@@ -19,7 +19,7 @@ from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
-from pharos.config import Config, ConfigError, load_config, read_peer_secret
+from pharos.config import Config, ConfigError, Responses, load_config, read_peer_secret
 from pharos.discovery.docker import DockerAPI, socket_from_env
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import make_client
@@ -43,10 +43,12 @@ from pharos.proxy.admin import ConfigAdmin
 from pharos.proxy.auth import Keyring
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
 from pharos.proxy.channel import PathGuard, PublicSite
+from pharos.proxy.conversation import ConversationState
 from pharos.proxy.drain import Drain, Health, second_signal_ends
 from pharos.proxy.public import PublicAPI
 from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
+from pharos.responses import ConversationStore, read_key
 from pharos.sched import Guards, Scheduler
 from pharos.shadow import Shadow
 from pharos.state.logs import default_feeds
@@ -211,6 +213,10 @@ class PharosService(MultiService):
             self.pages.status_page.peers = node
             self.restore_sources.append(node.pull_all)
             self.on_leaving.append(node.leave)
+        if config.responses.store:
+            # Checked by load_config too; read again here, so a key that went away since
+            # refuses the start rather than running without one.
+            self.public.conversations = conversation_state(config.responses, reactor)
         #: The backend set: static ∪ Docker ∪ DNS (spec §10), before the scrapers it feeds.
         self.discovery = Discovery(self._set_backends, reactor, config.backends,
                                    config.dns_backends, docker=self.docker, resolver=resolver)
@@ -373,6 +379,19 @@ def _probe_listen(description: str) -> None:
             s.listen(1)
         except OSError as e:
             raise CannotListenError(host, port, e) from None
+
+
+def conversation_state(config: Responses, reactor: Any) -> ConversationState:
+    """The ``/v1/responses`` conversation store of ``responses:`` (``pharos.responses``);
+    ``ValueError`` naming the field when its key cannot be used."""
+    assert config.key_file is not None
+    try:
+        key = read_key(config.key_file)
+    except ValueError as e:
+        raise ValueError(f"responses.key_file: {e}") from None
+    return ConversationState(ConversationStore(
+        key, reactor.seconds, max_responses=config.max_responses, max_age=config.max_age,
+        max_bytes=config.max_bytes_per_conversation))
 
 
 def _fleet(config: Config, policy: PolicyConfig, generation: int) -> Fleet:

@@ -35,7 +35,7 @@ from pharos.proxy import errors
 from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed
-from pharos.proxy.relay import EngineDied, Relay, Stalled, collect, response_headers
+from pharos.proxy.relay import EngineDied, Relay, Stalled, Tap, collect, response_headers
 from pharos.proxy.tap import StreamTap
 from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
 from pharos.state.registry import BackendState, Target
@@ -136,6 +136,9 @@ class Exchange:
         self.start_reply = start_reply
         self.who = who
         self.on_lease = on_lease  # told of each lease taken (the decision log)
+        #: Wraps each attempt's tap (a store-eligible /v1/responses request's capture,
+        #: ``pharos.proxy.conversation``); None for every other request.
+        self.capture: Callable[[StreamTap], Tap] | None = None
         #: The policy routing it (its model's or its split arm's); None: the scheduler's.
         self.policy: PolicyConfig | None = None
         self.lease: Lease | None = None
@@ -451,6 +454,7 @@ class Exchange:
         target = lease.target
         tap = StreamTap(strip_usage_chunk=self.parsed.pharos_asked_usage,
                         embeddings=self.path in EMBEDDING_ROUTES)
+        relayed: Tap = tap if self.capture is None else self.capture(tap)
         first: list[float] = []
         unchanged = not self.parsed.pharos_asked_usage
 
@@ -467,7 +471,7 @@ class Exchange:
                 request.setHeader(b"content-length", str(length).encode())
             lease.first_byte()
 
-        relay = Relay(request, tap, self.clock, first_byte,
+        relay = Relay(request, relayed, self.clock, first_byte,
                       idle_timeout=self.limits.stream_idle, touch=lease.touch)
         self._relay = relay
         response.deliverBody(relay)

@@ -35,10 +35,11 @@ from pharos.proxy import errors
 from pharos.proxy.admin import ConfigAdmin, backends_document, index_document, listed_count
 from pharos.proxy.admission import Admission
 from pharos.proxy.auth import Identity, Keyring
+from pharos.proxy.conversation import RESPONSES_PATH, ConversationState, Turn
 from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
 from pharos.proxy.drain import Health
 from pharos.proxy.errors import ApiError
-from pharos.proxy.exchange import EMBEDDING_ROUTES, Exchange, Inflight, Limits
+from pharos.proxy.exchange import EMBEDDING_ROUTES, OK, Exchange, Inflight, Limits
 from pharos.proxy.explain import ROUTES as EXPLAIN_ROUTES
 from pharos.proxy.explain import explain
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
@@ -115,6 +116,9 @@ class PublicAPI:
         self.config_admin: ConfigAdmin | None = None
         #: Model management on Ollama backends (``pharos.proxy.manage``), made on first use.
         self.manager: ModelManager | None = None
+        #: ``/v1/responses`` conversation state (``pharos.proxy.conversation``); off (no
+        #: store) unless ``responses.store``.
+        self.conversations = ConversationState()
 
     # --- Pharos itself ---------------------------------------------------------------------
 
@@ -485,10 +489,16 @@ class PublicAPI:
     @app.route("/v1/completions", methods=["POST"])
     @app.route("/v1/embeddings", methods=["POST"])
     @app.route("/v1/messages", methods=["POST"])
-    @app.route("/v1/responses", methods=["POST"])
     async def openai(self, request: Request) -> None:
         """OpenAI-compatible routes: any engine serving the model."""
         await self._proxy(request, request.path.decode("latin-1"), kind=None)
+
+    @app.route("/v1/responses", methods=["POST"])
+    async def responses(self, request: Request) -> None:
+        """OpenAI's Responses: any engine serving the model, ``previous_response_id``
+        expanded and ``store: true`` conversations kept when ``responses.store`` is on
+        (``pharos.proxy.conversation``)."""
+        await self._proxy(request, RESPONSES_PATH, kind=None, responses=self.conversations)
 
     @app.route("/api/chat", methods=["POST"])
     @app.route("/api/generate", methods=["POST"])
@@ -506,7 +516,8 @@ class PublicAPI:
         """A request's model as the fleet names it (``Fleet.resolve``)."""
         return self.fleet.resolve(model, self.state.models)
 
-    async def _proxy(self, request: Request, path: str, kind: str | None) -> None:
+    async def _proxy(self, request: Request, path: str, kind: str | None,
+                     responses: ConversationState | None = None) -> None:
         """Auth, parse, allow-list, admission, then the exchange; every ending becomes one
         ``Done`` for the subscribers (the stages in order: DESIGN §4)."""
         trace = Trace(self.clock.seconds(), request_id(request), path)
@@ -515,7 +526,12 @@ class PublicAPI:
         status: int | None = None
         try:
             who = trace.who = self._who(request)
-            parsed = self._parse(request, path)
+            turn: Turn | None = None
+            if responses is None:
+                parsed = self._parse(request, path)
+            else:
+                assert request.content is not None
+                parsed, turn = responses.parse(request.content.read(), who, self._resolve)
             trace.parsed(parsed)
             if not who.may_use(parsed.model):
                 raise errors.model_not_allowed(who.name, parsed.model)
@@ -523,7 +539,11 @@ class PublicAPI:
             trace.admit(parsed)
             try:
                 ex = self._exchange(request, parsed, path, kind, who, trace.request_id)
+                if turn is not None:
+                    ex.capture = turn.tap
                 await ex.run()
+                if turn is not None:
+                    turn.finish(ex.outcome == OK)
             finally:
                 self.admission.finish(held, parsed.model, ex)
         except ApiError as e:

@@ -85,6 +85,7 @@ def test_each_schema_object_matches_the_parser(at: Any, node: dict[str, Any]) ->
     ((("usage", False),), cfg.Usage), ((("drain", False),), cfg.Drain),
     ((("peers", False),), cfg.Peers), ((("routing", False),), cfg.Routing),
     ((("observability", False),), cfg.Observability),
+    ((("responses", False),), cfg.Responses),
     ((("observability", False), ("decision_log", False)), cfg.DecisionLogConfig),
 ])
 def test_schema_fields_are_the_dataclasses_fields(section: Any, klass: type) -> None:

@@ -1,0 +1,269 @@
+"""``/v1/responses`` conversation state on the request path (issue 17 item 6, seed 003).
+
+With ``responses.store`` on, a request naming ``previous_response_id`` has it expanded here,
+before admission and routing: the stored conversation's items (its input and its reply's
+output items) go in front of the request's ``input``, ``previous_response_id`` is removed, and
+the body is encoded again, so admission counts and the prefix index follows the whole
+conversation and an engine that keeps no state (llama.cpp refuses the field, Ollama ignores
+it) serves the turn. ``instructions`` are not carried from turn to turn (OpenAI's rule): each
+request sends its own.
+
+A request with ``store: true`` (explicitly: OpenAI's default of true is not assumed, so
+nothing is kept that the client did not ask to keep) is store-eligible: its reply passes
+through ``Capture``, which keeps at most ``max_bytes`` of it (for a stream only the
+``response.completed`` or ``response.incomplete`` event), and once the reply ended cleanly the
+conversation is stored under the reply's own ``id``, the one the client got (Pharos does not
+mint or rewrite ids). Not stored: a reply over the cap, an error, a reply cut mid-stream or
+left by the client, a stream without its final event, a reply without a string id, an id the
+tenant already holds. The bytes the client gets are never changed by the capture, and no
+other request is captured.
+
+Ids are looked up for the caller's tenant only: an id that is not held for it (never stored,
+expired, dropped, another tenant's, forged) is one 404 with one message, so nothing tells
+whether it exists elsewhere. With ``responses.store`` off, ``previous_response_id`` is a 400
+saying so (llama.cpp would refuse it, Ollama would silently answer without the context).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.web.server import Request
+
+from pharos.prefix import chain
+from pharos.proxy import errors
+from pharos.proxy.auth import Identity
+from pharos.proxy.errors import ApiError
+from pharos.proxy.parse import Parsed, Resolve, parse
+from pharos.proxy.relay import Tap
+from pharos.responses import ConversationStore
+
+log = Logger()
+
+RESPONSES_PATH = "/v1/responses"
+_PREVIOUS = b'"previous_response_id"'
+#: The final events of a Responses stream whose response may be continued.
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
+_FINAL_STATUSES = frozenset({"completed", "incomplete"})
+
+
+def not_found(rid: str) -> ApiError:
+    """The one answer for an id not held for the caller's tenant."""
+    return ApiError(404, f"Previous response with id {errors.echo(rid)!r} not found (never "
+                         f"stored, expired, or not stored for this key on this Pharos)",
+                    code="previous_response_not_found")
+
+
+def state_off() -> ApiError:
+    return ApiError(400, "previous_response_id needs conversation state, which is off on "
+                         "this Pharos (config responses.store); send the whole conversation "
+                         "in input instead", code="conversation_state_off")
+
+
+def _items(value: Any) -> list[Any]:
+    """A request's ``input`` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return value
+    if value is None:
+        return []
+    raise errors.wrong_type("input", "a string or a list of items", value)
+
+
+def _final(text: bytes) -> bool:
+    """Whether these bytes name a final event of a Responses stream."""
+    return b"response.completed" in text or b"response.incomplete" in text or \
+        b"response.failed" in text
+
+
+class Capture:
+    """Wraps a reply's stream tap, passing every byte on unchanged, and keeps what storing
+    needs: the whole body of a plain reply, or a stream's final event line, at most ``cap``
+    bytes (past it nothing is kept and nothing will be stored)."""
+
+    def __init__(self, inner: Tap, cap: int, stream: bool) -> None:
+        self.inner = inner
+        self.cap = cap
+        self.stream = stream
+        self.over = False
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._final: bytes | None = None
+        self._named = False  # the last event line named a final event
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.over:
+            self._keep(chunk)
+        return self.inner.feed(chunk)
+
+    def finish(self) -> bytes:
+        return self.inner.finish()
+
+    def _keep(self, chunk: bytes) -> None:
+        if not self.stream:
+            self._size += len(chunk)
+            if self._size > self.cap:
+                self._drop()
+            else:
+                self._parts.append(chunk)
+            return
+        # A stream: whole lines only. A data line is kept when its event line (the line
+        # before) names a final event, or its own ``type`` does (at either end: vLLM writes
+        # ``type`` last); other lines are only split off.
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                rest = chunk[start:]
+                if rest:
+                    self._size += len(rest)
+                    if self._size > self.cap:
+                        self._drop()
+                        return
+                    self._parts.append(rest)
+                return
+            piece = chunk[start:end]
+            start = end + 1
+            if self._parts:
+                self._parts.append(piece)
+                line = b"".join(self._parts)
+                self._parts, self._size = [], 0
+            else:
+                line = piece
+            self._line(line.rstrip(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(b"event:"):
+            self._named = _final(line)
+            return
+        if not line.startswith(b"data:"):
+            return
+        named, self._named = self._named, False
+        if named or _final(line[:80]) or _final(line[-80:]):
+            if len(line) > self.cap:
+                self._drop()
+            else:
+                self._final = line
+
+    def _drop(self) -> None:
+        self.over = True
+        self._parts, self._size, self._final = [], 0, None
+
+    def response(self) -> dict[str, Any] | None:
+        """The finished reply's response object, or None (over the cap, not finished, not
+        decodable)."""
+        if self.over:
+            return None
+        try:
+            if not self.stream:
+                doc = json.loads(b"".join(self._parts))
+                ok = isinstance(doc, dict) and doc.get("status") in _FINAL_STATUSES
+                return doc if ok else None
+            if self._final is None:
+                return None
+            event = json.loads(self._final[5:])
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(event, dict) or event.get("type") not in _FINAL_EVENTS:
+            return None
+        doc = event.get("response")
+        return doc if isinstance(doc, dict) else None
+
+
+class Turn:
+    """One store-eligible request: its expanded input, the capture of its reply (the
+    attempt that answered), and the storing once it ended cleanly."""
+
+    def __init__(self, store: ConversationStore, tenant: str, items: list[Any],
+                 stream: bool) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.items = items
+        self.stream = stream
+        self.capture: Capture | None = None
+        self.stored: str | None = None
+
+    def tap(self, inner: Tap) -> Tap:
+        """The exchange's hook: each attempt's tap wrapped (the last one answered)."""
+        self.capture = Capture(inner, self.store.max_bytes, self.stream)
+        return self.capture
+
+    def finish(self, ok: bool) -> None:
+        """Store the conversation if the reply ended cleanly and was captured whole."""
+        if not ok or self.capture is None:
+            return
+        doc = self.capture.response()
+        if doc is None:
+            return
+        rid, output = doc.get("id"), doc.get("output")
+        if not isinstance(rid, str) or not rid or len(rid) > 256 or not isinstance(output,
+                                                                                   list):
+            return
+        if self.store.put(self.tenant, rid, [*self.items, *output]):
+            self.stored = rid
+
+
+class ConversationState:
+    """The ``/v1/responses`` side of the proxy: ``store`` None means the feature is off."""
+
+    def __init__(self, store: ConversationStore | None = None) -> None:
+        self.store = store
+
+    def parse(self, raw: bytes, who: Identity, resolve: Resolve | None
+              ) -> tuple[Parsed, Turn | None]:
+        """The request as routing sees it (expanded when it names a previous response) and
+        the turn to store, if it is store-eligible; 400/404 in OpenAI's shape for a
+        previous response that cannot be used."""
+        parsed = parse(raw, RESPONSES_PATH, resolve)
+        store = self.store
+        body = parsed.body
+        previous = body.get("previous_response_id") if _PREVIOUS in raw else None
+        if store is None:
+            if previous is not None:
+                raise state_off()
+            return parsed, None
+        eligible = body.get("store") is True
+        if previous is None:
+            items = _items(body.get("input")) if eligible else []
+            return self._chained(parsed, body.get("input")), (
+                Turn(store, who.tenant, items, parsed.stream) if eligible else None)
+        if not isinstance(previous, str):
+            raise errors.wrong_type("previous_response_id", "a string", previous)
+        history = store.get(who.tenant, previous)
+        if history is None:
+            raise not_found(previous)
+        items = [*history, *_items(body.get("input"))]
+        expanded = {k: v for k, v in body.items() if k != "previous_response_id"}
+        expanded["input"] = items
+        raw = json.dumps(expanded, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass")
+        parsed = parse(raw, RESPONSES_PATH, resolve)
+        return self._chained(parsed, items), (
+            Turn(store, who.tenant, items, parsed.stream) if eligible else None)
+
+    @staticmethod
+    def _chained(parsed: Parsed, items: Any) -> Parsed:
+        """The prefix chain of the conversation (instructions first, as an engine's chat
+        template puts them), so a turn goes where its conversation's cache is."""
+        if not isinstance(items, list | str):
+            return parsed
+        messages = _items(items)
+        instructions = parsed.body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            messages = [{"role": "system", "content": instructions}, *messages]
+        links = chain(parsed.model, messages, parsed.body.get("tools"), None)
+        return replace(parsed, chain=links) if links else parsed
+
+
+def request_body(request: Request) -> bytes:
+    assert request.content is not None
+    return request.content.read()
+
+
+#: What ``PublicAPI`` calls for ``/v1/responses``.
+ParseResponses = Callable[[bytes, Identity, Resolve | None], tuple[Parsed, Turn | None]]

@@ -1,0 +1,162 @@
+"""Responses conversation state (issue 17 item 6, seed 003): the stored conversations behind
+``previous_response_id``, encrypted at rest, scoped to a tenant, bounded in count, age and size.
+
+One record per stored response: the whole conversation up to it (its expanded input items
+and the output items of its reply), so a newer turn never depends on an older record that
+retention dropped. Each record is JSON encrypted with AES-256-GCM under the key of
+``responses.key_file``, with a fresh 96-bit nonce, and the tenant and response id as
+associated data: a blob moved to another tenant's or id's place fails authentication like a
+tampered one, and either reads as absent. Records live in this process's memory only (never
+in the state file or peer messages: no prompt text leaves the process, encrypted or not), so a
+restart forgets them.
+
+Retention: at most ``max_responses`` records (the oldest dropped first) and none older than
+``max_age`` (dropped when the store is next touched); a conversation whose record would pass
+``max_bytes`` (of plaintext JSON) is not stored. The store is pure: no I/O, the clock
+injected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+#: The key's size: AES-256.
+KEY_BYTES = 32
+NONCE_BYTES = 12
+
+
+def read_key(path: str) -> bytes:
+    """The AES-256 key in ``path``: 32 raw bytes, or 64 hex digits (``openssl rand -hex 32``),
+    surrounding whitespace ignored for the hex form. ``ValueError`` saying why otherwise."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) == KEY_BYTES:
+        return raw
+    text = raw.strip()
+    if len(text) == 2 * KEY_BYTES:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    raise ValueError(f"{path} must hold a 256-bit key: 32 bytes, or 64 hex digits "
+                     f"(openssl rand -hex 32 > {path}); it holds {len(raw)} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counts for metrics (no content): records held, their ciphertext bytes, and what was
+    refused or dropped since start."""
+
+    held: int
+    bytes: int
+    stored: int
+    too_large: int
+    expired: int
+    evicted: int
+    rejected: int  # a blob that failed authentication (tampered or misplaced)
+
+
+class ConversationStore:
+    """Encrypted conversation records by (tenant, response id); see the module docstring."""
+
+    def __init__(self, key: bytes, clock: Callable[[], float], *,
+                 max_responses: int, max_age: float, max_bytes: int) -> None:
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"the key must be {KEY_BYTES} bytes, not {len(key)}")
+        self._aead = AESGCM(key)
+        self.clock = clock
+        self.max_responses = max_responses
+        self.max_age = max_age
+        self.max_bytes = max_bytes
+        #: (tenant, id) -> (stored at, nonce + ciphertext), oldest first.
+        self._records: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._stored = self._too_large = self._expired = self._evicted = self._rejected = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @staticmethod
+    def _aad(tenant: str, rid: str) -> bytes:
+        return b"pharos-responses-v1\0" + tenant.encode("utf-8", "surrogatepass") + b"\0" + \
+            rid.encode("utf-8", "surrogatepass")
+
+    def put(self, tenant: str, rid: str, items: list[Any]) -> bool:
+        """Store the conversation ``items`` as response ``rid`` of ``tenant``; False when it
+        is over ``max_bytes`` (nothing stored). An id already held for the tenant (an engine
+        that repeats ids) drops the held record and stores none: either would be a lie."""
+        plain = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass")
+        if len(plain) > self.max_bytes:
+            self._too_large += 1
+            return False
+        now = self.clock()
+        self._expire(now)
+        key = (tenant, rid)
+        held = self._records.pop(key, None)
+        if held is not None:
+            self._bytes -= len(held[1])
+            return False
+        nonce = os.urandom(NONCE_BYTES)
+        blob = nonce + self._aead.encrypt(nonce, plain, self._aad(tenant, rid))
+        self._records[key] = (now, blob)
+        self._bytes += len(blob)
+        self._stored += 1
+        while len(self._records) > self.max_responses:
+            _, (_, old) = self._records.popitem(last=False)
+            self._bytes -= len(old)
+            self._evicted += 1
+        return True
+
+    def get(self, tenant: str, rid: str) -> list[Any] | None:
+        """The conversation stored as ``rid`` for ``tenant``; None when there is none for this
+        tenant (never stored, another tenant's, expired, dropped, or failing
+        authentication)."""
+        self._expire(self.clock())
+        held = self._records.get((tenant, rid))
+        if held is None:
+            return None
+        blob = held[1]
+        try:
+            plain = self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:],
+                                       self._aad(tenant, rid))
+        except InvalidTag:
+            self._rejected += 1
+            return None
+        items = json.loads(plain)
+        return items if isinstance(items, list) else None
+
+    def _expire(self, now: float) -> None:
+        records = self._records
+        while records:
+            key, (at, blob) = next(iter(records.items()))
+            if now - at <= self.max_age:
+                break
+            del records[key]
+            self._bytes -= len(blob)
+            self._expired += 1
+
+    def stats(self) -> Stats:
+        return Stats(len(self._records), self._bytes, self._stored, self._too_large,
+                     self._expired, self._evicted, self._rejected)
+
+    # --- for tests: the blob as held (tamper checks) ----------------------------------------
+
+    def _blob(self, tenant: str, rid: str) -> bytes:
+        return self._records[(tenant, rid)][1]
+
+    def _replace_blob(self, tenant: str, rid: str, blob: bytes) -> None:
+        at, old = self._records[(tenant, rid)]
+        self._records[(tenant, rid)] = (at, blob)
+        self._bytes += len(blob) - len(old)
