@@ -3,15 +3,15 @@
 With ``workers: 1`` (the default) nothing here runs: twistd's process is Pharos. With more,
 twistd's process is a ``Supervisor`` that serves nothing itself:
 
-- **One listening socket.** It binds the public address once (a busy port still fails the
-  start, with the same message) and passes the socket to every worker as fd 3; each worker
-  adopts it (``reactor.adoptStreamPort``) when its restore is done, as a single process opens
-  its listener, and closes its own copy of the descriptor. Every worker is woken for a new
-  connection and the first to accept it takes it, one per wake-up (so the less busy worker
-  takes more). A worker that crashes loses none of the connections queued in the kernel: the
-  others accept them. (Chosen over SO_REUSEPORT, whose per-socket queues die with the
-  process that owns them, and measured against it: ``LISTEN_MODES``,
-  ``contrib/bench/workers-2026-12-02``.)
+- **One port.** The supervisor binds the public address once with SO_REUSEPORT and never
+  listens on it: the port is held, and a busy port still fails the start with the same
+  message. Each worker, once its restore is done (as a single process opens its listener),
+  binds its own listening socket beside it with SO_REUSEPORT, and the kernel spreads new
+  connections over the workers' sockets by address hash; a worker that ends takes its socket
+  out of the spread. (``LISTEN_MODES``: the alternative is one listening socket passed to
+  every worker as fd 3, which keeps a dead worker's queued connections for the others but
+  put a burst of 64 simultaneous connections 17:47 on two workers where SO_REUSEPORT put
+  them 29:35; ``contrib/bench/workers-2026-12-02``.)
 - **Shared state through the peer protocol.** Each worker is a peer of the others over
   loopback (``pharos.peer``: prefix ops, gauges, usage cells and reservations, snapshot pulls
   at start), with a private listener the supervisor binds on 127.0.0.1 and passes as fd 4, a
@@ -19,8 +19,8 @@ twistd's process is a ``Supervisor`` that serves nothing itself:
   mesh across machines (``WORKER_TICK``), so routing and quotas behave as one instance.
   Only worker 0 keeps the configured paths; worker ``i`` writes its state file and journals
   to ``PATH.workerI`` (one writer per file), and restores its own.
-- **Signals reach every worker.** SIGTERM (or SIGINT) drains: the supervisor closes its copy
-  of the socket and sends SIGTERM to every worker, each of which drains as a single process
+- **Signals reach every worker.** SIGTERM (or SIGINT) drains: the supervisor closes its
+  socket and sends SIGTERM to every worker, each of which drains as a single process
   does (spec §9), and it ends when they all have. SIGHUP is passed on to every worker; a
   worker answering ``POST /admin/reload`` reloads and sends SIGHUP to the supervisor, so its
   siblings reload too. Workers leave the terminal's process group (a Ctrl-C reaches them
@@ -94,13 +94,13 @@ ORPHAN_CHECK: Final = 1.0
 #: Seconds past the drain's own timeout and grace before a worker that has not ended is killed.
 STOP_MARGIN: Final = 30.0
 #: How the workers share the public port (``PHAROS_WORKERS_LISTEN``, for benchmarks; see
-#: ``contrib/bench/workers-2026-12-02``): ``shared``, one socket, each worker accepting one
-#: connection per wake-up, so the worker that wakes first (the less busy one) takes the next
-#: connection; ``shared-burst``, the same socket with Twisted's accept loop (up to 100
-#: connections per wake-up: a burst of keep-alive clients lands on one worker); ``reuseport``,
-#: a socket per worker with SO_REUSEPORT, the kernel spreading connections by address hash.
-LISTEN_MODES: Final = ("shared", "shared-burst", "reuseport")
-DEFAULT_LISTEN_MODE: Final = "shared"
+#: ``contrib/bench/workers-2026-12-02``): ``reuseport``, a socket per worker with SO_REUSEPORT,
+#: the kernel spreading connections by address hash; ``shared``, one socket, each worker
+#: accepting one connection per wake-up, so the worker that wakes first takes the next one;
+#: ``shared-burst``, the same socket with Twisted's accept loop (up to 100 connections per
+#: wake-up: a burst of keep-alive clients lands mostly on one worker).
+LISTEN_MODES: Final = ("reuseport", "shared", "shared-burst")
+DEFAULT_LISTEN_MODE: Final = "reuseport"
 #: The descriptors a worker finds its public and peer listeners on.
 PUBLIC_FD: Final = 3
 PEER_FD: Final = 4

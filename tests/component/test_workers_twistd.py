@@ -139,6 +139,7 @@ def test_two_workers_serve_restart_reload_and_drain(
     assert sorted(first) == [0, 1]
     victim = first[1][-1]
     os.kill(victim, signal.SIGKILL)
+    wait_for("worker 1 gone", lambda: not alive(victim), timeout=10)
     for _ in range(20):  # the other worker takes every connection meanwhile
         assert get(port, "/")[0] == 200
     wait_for("worker 1 restarted", lambda: len(started(log).get(1, [])) == 2)

@@ -81,12 +81,12 @@ def test_spec_round_trips() -> None:
 
 def test_reuseport_mode_holds_the_port_and_passes_no_socket(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``PHAROS_WORKERS_LISTEN=reuseport`` the supervisor holds the port bound (not
+    """In ``reuseport`` mode (the default) the supervisor holds the port bound (not
     listening) and each worker is told the address to bind beside it, with no fd 3; an
     unknown mode is refused, naming the variable."""
     path = tmp_path / "c.yaml"
     path.write_text("listen: 127.0.0.1:0\nworkers: 2\n")
-    monkeypatch.setenv("PHAROS_WORKERS_LISTEN", "reuseport")
+    monkeypatch.delenv("PHAROS_WORKERS_LISTEN", raising=False)
     reactor = FakeReactor()
     sup = Supervisor(cfg.load_config(path), str(path), reactor, argv0=["twistd"])
     sup.startService()
@@ -198,14 +198,16 @@ def crash(proto: Any) -> None:
 
 
 def test_supervisor_passes_sockets_and_restarts_a_crashed_worker_with_backoff(
-        tmp_path: Path) -> None:
-    """Each worker gets the public socket as fd 3 and its peer socket as fd 4; a worker
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(``shared`` mode) Each worker gets the public socket as fd 3 and its peer socket as
+    fd 4; a worker
     that ends is started again with the same index after ``RESTART_MIN``, doubling while it
     keeps crashing, capped at ``RESTART_MAX``, and back to the minimum after running
     ``STABLE_AFTER``; SIGHUP reaches every worker; stopping sends SIGTERM and restarts
     nothing."""
     path = tmp_path / "c.yaml"
     path.write_text("listen: 127.0.0.1:0\nworkers: 2\n")
+    monkeypatch.setenv("PHAROS_WORKERS_LISTEN", "shared")
     reactor = FakeReactor()
     sup = Supervisor(cfg.load_config(path), str(path), reactor, argv0=["twistd"])
     sup.startService()
