@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 
 from pharos.config import ConfigError, load_config, parse_config
 from pharos.proxy.auth import Identity
-from pharos.proxy.conversation import Capture, ConversationState
+from pharos.proxy.conversation import Capture, ConversationState, Turn
 from pharos.proxy.errors import ApiError
 from pharos.proxy.tap import StreamTap
 from pharos.responses import ConversationStore, read_key
@@ -227,6 +227,13 @@ def test_not_store_eligible_is_not_captured() -> None:
     assert turn is None and parsed.forward_body("tiny") == raw
 
 
+def eligible(state: ConversationState, raw: bytes) -> Turn:
+    """The turn of a store-eligible request."""
+    _, turn = state.parse(raw, who("t"), None)
+    assert turn is not None
+    return turn
+
+
 def replay(turn: Any, reply: bytes, chunk: int = 7) -> bytes:
     tap = turn.tap(StreamTap())
     out = b"".join(tap.feed(reply[i:i + chunk]) for i in range(0, len(reply), chunk))
@@ -240,7 +247,7 @@ def test_capture_of_recorded_replies(engine: str, stream: bool) -> None:
     the capture and is stored under its own id, the input items then its output items."""
     s = store()
     state = ConversationState(s)
-    _, turn = state.parse(body(input="Count", store=True, stream=stream), who("t"), None)
+    turn = eligible(state, body(input="Count", store=True, stream=stream))
     name = "responses_stream.body" if stream else "responses.body"
     reply = (FIXTURES / engine / "idle" / "streams" / name).read_bytes()
     assert replay(turn, reply) == reply
@@ -258,17 +265,17 @@ def test_capture_cut_failed_or_over_the_cap_stores_nothing() -> None:
     reply = (FIXTURES / "llamacpp/b11312/idle/streams/responses_stream.body").read_bytes()
     s = store()
     state = ConversationState(s)
-    _, turn = state.parse(body(input="x", store=True, stream=True), who("t"), None)
+    turn = eligible(state, body(input="x", store=True, stream=True))
     cut = reply[: reply.index(b"event: response.completed")]
     assert replay(turn, cut) == cut
     turn.finish(True)
     assert turn.stored is None
-    _, turn = state.parse(body(input="x", store=True, stream=True), who("t"), None)
+    turn = eligible(state, body(input="x", store=True, stream=True))
     replay(turn, reply)
     turn.finish(False)
     assert turn.stored is None
     small = ConversationState(store(max_bytes=200))
-    _, turn = small.parse(body(input="x", store=True, stream=True), who("t"), None)
+    turn = eligible(small, body(input="x", store=True, stream=True))
     assert replay(turn, reply) == reply
     turn.finish(True)
     assert turn.stored is None
