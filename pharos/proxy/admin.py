@@ -112,6 +112,7 @@ def to_document(config: Config) -> dict[str, Any]:
                     "cost_model": None if m.cost_model is None
                     else dict(zip(COST_MODEL_FIELDS, m.cost_model, strict=True))}
                    for m in c.models],
+        "responses": _scalars(c.responses),
     }
 
 

@@ -281,3 +281,17 @@ def test_capture_cut_failed_or_over_the_cap_stores_nothing() -> None:
     assert turn.stored is None
     assert isinstance(turn.capture, Capture) and turn.capture.over
     assert len(s) == 0
+
+
+def test_section_needs_a_restart_and_round_trips(tmp_path: Path) -> None:
+    """A change to responses: is reported as needing a restart (the key and the store are
+    made at start), and the admin config document carries the section both ways."""
+    from pharos.config import reload_diff
+    from pharos.proxy.admin import _yaml, to_document
+
+    key = tmp_path / "key"
+    key.write_text(KEY.hex())
+    on = parse_config(f"responses: {{store: true, key_file: {key}, max_age: 90s}}")
+    live, restart = reload_diff(parse_config(""), on)
+    assert live == [] and restart == ["responses"]
+    assert parse_config(_yaml(to_document(on))) == on
