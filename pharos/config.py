@@ -86,10 +86,11 @@ DEFAULT_IDLE: Final = 60.0
 #: Requests waiting this long with none starting and no lease given back: /healthz is 503.
 DEFAULT_QUEUE_STUCK: Final = 300.0
 #: Responses conversation state (``responses:``, ``pharos.responses``): records kept at most,
-#: their longest life, and the plaintext bytes of one (a whole conversation up to a response).
-DEFAULT_RESPONSES_MAX: Final = 10_000
+#: their longest life, and the plaintext bytes of one (a whole conversation up to a response,
+#: 256 KiB about 64k tokens): at most 256 MiB of ciphertext with the defaults.
+DEFAULT_RESPONSES_MAX: Final = 1_000
 DEFAULT_RESPONSES_MAX_AGE: Final = 24 * 3600.0
-DEFAULT_RESPONSES_MAX_BYTES: Final = 1024 * 1024
+DEFAULT_RESPONSES_MAX_BYTES: Final = 256 * 1024
 #: A ``dns:`` backend entry's name is resolved again this often (peers' re-resolve, §12).
 DEFAULT_DNS_REFRESH: Final = 10.0
 #: Processes serving the public port (``workers:``; ``auto`` is the cores this process may
