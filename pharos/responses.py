@@ -21,13 +21,15 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: The key's size: AES-256.
 KEY_BYTES = 32
@@ -160,3 +162,26 @@ class ConversationStore:
         at, old = self._records[(tenant, rid)]
         self._records[(tenant, rid)] = (at, blob)
         self._bytes += len(blob) - len(old)
+
+
+class StoreCollector(Collector):
+    """The store's counts on ``/metrics`` (registered beside the proxy's metrics when the
+    state is on; no content, no ids)."""
+
+    def __init__(self, store: ConversationStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store.stats()
+        yield GaugeMetricFamily("pharos_responses_stored", "Responses conversations held.",
+                                value=s.held)
+        yield GaugeMetricFamily("pharos_responses_bytes", "Ciphertext bytes of the "
+                                "Responses conversations held.", value=s.bytes)
+        c = CounterMetricFamily("pharos_responses_records", "Responses conversations stored, "
+                                "and those not stored or dropped, by outcome.",
+                                labels=("outcome",))
+        for outcome, n in (("stored", s.stored), ("too_large", s.too_large),
+                           ("expired", s.expired), ("evicted", s.evicted),
+                           ("rejected", s.rejected)):
+            c.add_metric((outcome,), n)
+        yield c

@@ -48,7 +48,7 @@ from pharos.proxy.drain import Drain, Health, second_signal_ends
 from pharos.proxy.public import PublicAPI
 from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
-from pharos.responses import ConversationStore, read_key
+from pharos.responses import ConversationStore, StoreCollector, read_key
 from pharos.sched import Guards, Scheduler
 from pharos.shadow import Shadow
 from pharos.state.logs import default_feeds
@@ -217,6 +217,8 @@ class PharosService(MultiService):
             # Checked by load_config too; read again here, so a key that went away since
             # refuses the start rather than running without one.
             self.public.conversations = conversation_state(config.responses, reactor)
+            assert self.public.conversations.store is not None
+            self.metrics.registry.register(StoreCollector(self.public.conversations.store))
         #: The backend set: static ∪ Docker ∪ DNS (spec §10), before the scrapers it feeds.
         self.discovery = Discovery(self._set_backends, reactor, config.backends,
                                    config.dns_backends, docker=self.docker, resolver=resolver)

@@ -27,12 +27,8 @@ saying so (llama.cpp would refuse it, Ollama would silently answer without the c
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-from twisted.logger import Logger
-from twisted.web.server import Request
 
 from pharos.prefix import chain
 from pharos.proxy import errors
@@ -41,8 +37,6 @@ from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed, Resolve, parse
 from pharos.proxy.relay import Tap
 from pharos.responses import ConversationStore
-
-log = Logger()
 
 RESPONSES_PATH = "/v1/responses"
 _PREVIOUS = b'"previous_response_id"'
@@ -258,12 +252,3 @@ class ConversationState:
             messages = [{"role": "system", "content": instructions}, *messages]
         links = chain(parsed.model, messages, parsed.body.get("tools"), None)
         return replace(parsed, chain=links) if links else parsed
-
-
-def request_body(request: Request) -> bytes:
-    assert request.content is not None
-    return request.content.read()
-
-
-#: What ``PublicAPI`` calls for ``/v1/responses``.
-ParseResponses = Callable[[bytes, Identity, Resolve | None], tuple[Parsed, Turn | None]]

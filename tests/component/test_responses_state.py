@@ -12,8 +12,10 @@ from typing import Any
 
 import openai
 import pytest_twisted
+import treq
 from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
 from twisted.internet.threads import deferToThread
+from twisted.logger import formatEvent, globalLogPublisher
 
 from pharos.config import Key, Responses, Tenant
 from pharos.proxy.auth import digest
@@ -62,29 +64,41 @@ async def test_multi_turn_plain_and_streamed(tmp_path: Path) -> None:
     key of the same tenant continues the conversation."""
     fleet, engine = await fleet_with(tmp_path)
     a, a2 = client(fleet, KEY_A), client(fleet, KEY_A2)
+    events: list[str] = []
+
+    def observe(event: Any) -> None:
+        events.append(str(formatEvent(event)) + repr(event))
+
+    globalLogPublisher.addObserver(observe)
 
     def run() -> dict[str, Any]:
         out: dict[str, Any] = {}
         r1 = a.responses.create(model="tiny", input="Hello", store=True, max_output_tokens=8)
         r2 = a.responses.create(model="tiny", input="And then?", store=True,
                                 previous_response_id=r1.id, max_output_tokens=8)
-        events = list(a.responses.create(model="tiny", input="Third", store=True,
+        streamed = list(a.responses.create(model="tiny", input="Third", store=True,
                                          previous_response_id=r2.id, stream=True,
                                          max_output_tokens=8))
-        final = events[-1]
+        final = streamed[-1]
         assert isinstance(final, ResponseCompletedEvent)
         r3_id = final.response.id
         r4 = a2.responses.create(model="tiny", input="Fourth", store=True,
                                  previous_response_id=r3_id, max_output_tokens=8)
-        out.update(r1=r1, r2=r2, events=events, r3_id=r3_id, r4=r4)
+        out.update(r1=r1, r2=r2, events=streamed, r3_id=r3_id, r4=r4)
         return out
 
     try:
         got = await deferToThread(run)
+        metrics = await (await treq.get(fleet.url + "/metrics", pool=fleet.pool)).text()
     finally:
+        globalLogPublisher.removeObserver(observe)
         a.close()
         a2.close()
         await fleet.stop()
+    assert "pharos_responses_stored 4.0" in metrics
+    assert 'pharos_responses_records_total{outcome="stored"} 4.0' in metrics
+    for text in ("Hello", "And then?", "Third", "Fourth"):  # no prompt text
+        assert text not in metrics and not any(text in e for e in events), text
     assert [got["r1"].id, got["r2"].id, got["r3_id"], got["r4"].id] == engine.ids
     assert got["events"][-1].type == "response.completed"
     bodies = engine.received
