@@ -15,7 +15,8 @@ import pytest_twisted
 import treq
 from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
 from twisted.internet.threads import deferToThread
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from zope.interface import implementer
 
 from pharos.config import Key, Responses, Tenant
 from pharos.proxy.auth import digest
@@ -66,7 +67,8 @@ async def test_multi_turn_plain_and_streamed(tmp_path: Path) -> None:
     a, a2 = client(fleet, KEY_A), client(fleet, KEY_A2)
     events: list[str] = []
 
-    def observe(event: Any) -> None:
+    @implementer(ILogObserver)
+    def observe(event: LogEvent) -> None:
         events.append(str(formatEvent(event)) + repr(event))
 
     globalLogPublisher.addObserver(observe)
