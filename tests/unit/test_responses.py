@@ -295,3 +295,30 @@ def test_section_needs_a_restart_and_round_trips(tmp_path: Path) -> None:
     live, restart = reload_diff(parse_config(""), on)
     assert live == [] and restart == ["responses"]
     assert parse_config(_yaml(to_document(on))) == on
+
+
+def test_start_refuses_a_missing_or_wrong_key(tmp_path: Path) -> None:
+    """twistd's options refuse a config whose key file is missing or of the wrong size with
+    a message naming responses.key_file; a key gone between the check and the service's
+    construction is a ValueError naming it too."""
+    from twisted.python import usage
+
+    from pharos.config import Responses
+    from pharos.tap import Options, conversation_state
+
+    for content in (None, b"0123456789abcdef"):
+        key = tmp_path / "key"
+        if content is None:
+            key.unlink(missing_ok=True)
+        else:
+            key.write_bytes(content)
+        path = tmp_path / "pharos.yaml"
+        path.write_text(f"responses: {{store: true, key_file: {key}}}\n")
+        with pytest.raises(usage.UsageError, match=r"responses\.key_file: "):
+            Options().parseOptions(["-c", str(path)])
+    with pytest.raises(ValueError, match=r"responses\.key_file: cannot read"):
+        conversation_state(Responses(store=True, key_file=str(tmp_path / "gone")), Clock())
+    key.write_bytes(KEY)
+    state = conversation_state(Responses(store=True, key_file=str(key), max_responses=7),
+                               Clock())
+    assert state.store is not None and state.store.max_responses == 7
