@@ -641,36 +641,43 @@ def _select_cost(fleet: _Fleet) -> _Scored:
     benchmark): it inlines ``_Fleet.terms``' arithmetic, same terms added in the same order,
     and binds names to locals."""
     out = _Scored(fleet)
-    ests, aside, add_feasible = out.est, out.aside, out.feasible.append
+    ests, aside, feasible = out.est, out.aside, out.feasible
+    add_feasible = feasible.append
     prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
     service_median = load_median = per_token_median = -1.0  # < 0: not taken yet
     best = math.inf
-    for i, c in enumerate(fleet.candidates):
+    i = -1
+    for c in fleet.candidates:
+        i += 1
         capacity = c.capacity
         if capacity < 1:
             raise _capacity_error(c)
-        free = c.free_slots
-        if c.held is not None:
-            aside[c.held] = aside.get(c.held, 0) + 1
-            continue
-
-        if c.warm is False and not c.loading:
-            if c.fits_if_cold is False:
-                aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
+        # The usual candidate (warm or loading, not held, under the bound) pays no load, no
+        # reload and no set-aside check beyond these three tests; the zero terms it skips
+        # would add exactly 0.0.
+        if c.held is not None or (c.warm is False and not c.loading) or c.inflight >= bound:
+            if c.held is not None:
+                aside[c.held] = aside.get(c.held, 0) + 1
                 continue
-            load = c.load_sec
-            if load is None:
-                if load_median < 0:
-                    load_median = fleet.load_sec()[0]
-                load = load_median
-            reload = c.reload_sec
+            if c.warm is False and not c.loading:
+                if c.fits_if_cold is False:
+                    aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
+                    continue
+                load = c.load_sec
+                if load is None:
+                    if load_median < 0:
+                        load_median = fleet.load_sec()[0]
+                    load = load_median
+                reload = c.reload_sec
+            else:
+                load = reload = 0.0
+            if _over_bound(c.inflight, capacity, bound):
+                aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
+                continue
         else:
             load = reload = 0.0
-        inflight = c.inflight
-        if inflight >= bound and _over_bound(inflight, capacity, bound):
-            aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
-            continue
 
+        free = c.free_slots
         if free > 0:
             wait = c.queued_prefill_sec
         else:
@@ -690,12 +697,13 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         model = c.prefill_model
         if model is not None:
             per_token = model[0] + model[1] * prompt / 2
-        elif per_token is None:
-            if per_token_median < 0:
-                per_token_median = fleet.prefill_sec_per_token()[0]
-            per_token = per_token_median
-        prefill = (prompt - matched) * per_token if model is None else _calibrated(
-            model, prompt - matched, matched)
+            prefill = _calibrated(model, prompt - matched, matched)
+        else:
+            if per_token is None:
+                if per_token_median < 0:
+                    per_token_median = fleet.prefill_sec_per_token()[0]
+                per_token = per_token_median
+            prefill = (prompt - matched) * per_token
         kv_free = c.kv_free_tokens
         if free > 0 and kv_free is not None and prompt - matched > kv_free:
             service = c.service_sec
@@ -703,18 +711,18 @@ def _select_cost(fleet: _Fleet) -> _Scored:
                 if service_median < 0:
                     service_median = fleet.service_sec()[0]
                 service = service_median
-            wait += service / (max(capacity - free, 0) + 1)
+            running = capacity - free
+            wait += service / ((running if running > 0 else 0) + 1)
 
-        kv_penalty = 0.0
+        est = wait + load + prefill
         if matched:
             kv = c.kv_usage
             if kv is not None and kv > threshold and not fleet.kv_waived:
                 distrust = (kv - threshold) / (1.0 - threshold)
                 if distrust > 1.0:
                     distrust = 1.0
-                kv_penalty = matched * per_token * (distrust * KV_DISTRUST_MAX)
-
-        est = wait + load + prefill + kv_penalty + c.evict_tokens * per_token + reload
+                est += matched * per_token * (distrust * KV_DISTRUST_MAX)
+        est = est + c.evict_tokens * per_token + reload
         if est < best:
             best = est
         add_feasible(i)

@@ -57,7 +57,7 @@ from pharos.prefix import (
 )
 from pharos.retention import RootCaches
 from pharos.state.registry import BackendState, Target, View
-from pharos.state.state import State
+from pharos.state.state import CachedView, State
 from pharos.state.stats import Sample, load_sample
 
 #: Waiters per instance before a new request gets 429 (spec §8).
@@ -397,9 +397,13 @@ class Scheduler:
         self._peer_since = -math.inf  # the clock when the sums were made (a clock that jumps)
         self._key_ids: dict[str, int] = {}
         #: Each target's last candidate without a match (``candidate``), with what it was
-        #: built from: its view (the same object while current), its stamp, the in-flight
-        #: count with peers' and the waiters ahead.
-        self._cands: dict[Target, tuple[View, int, int, int, Candidate]] = {}
+        #: built from: its view's kept entry (``State.kept_view``: the stamps and times it is
+        #: current for, and the view), its stamp, the in-flight count with peers' and the
+        #: waiters ahead.
+        self._cands: dict[Target, tuple[CachedView, int, int, int, Candidate]] = {}
+        #: Each target's last candidate with a match: (the unmatched candidate it copies, the
+        #: matched tokens, the copy), served again while both are the same.
+        self._matched: dict[Target, tuple[Candidate, int, Candidate]] = {}
         self._default_capacity = default_capacity
         #: ``models[].cost_model`` by model name, for backends without their own.
         self._model_costs: dict[str, tuple[float, float, float]] = {}
@@ -419,6 +423,7 @@ class Scheduler:
     def model_costs(self, value: dict[str, tuple[float, float, float]]) -> None:
         self._model_costs = dict(value)
         self._cands.clear()
+        self._matched.clear()
 
     @property
     def default_capacity(self) -> int:
@@ -429,6 +434,7 @@ class Scheduler:
     def default_capacity(self, value: int) -> None:
         self._default_capacity = value
         self._cands.clear()
+        self._matched.clear()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -830,34 +836,57 @@ class Scheduler:
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         stale = self._evicted_since(req, matches) if matches else ()
         root_bytes = req.chain.ends[0] if req.chain else 0
-        cands = []
+        cands: list[Candidate] = []
+        add = cands.append
         cold: dict[int, bool] = {}
+        has_cold = False
         held: list[int] = []  # the candidates the index predicts hold the root
-        # ``candidate`` inlined: the clock and the peers' sums read once, not per target.
-        view_at, kept, now = self.state.view_at, self._cands, self.state.clock.seconds()
+        # ``candidate`` inlined, and ``State.view_at``'s check of a kept view: the clock and
+        # the peers' sums read once, not per target.
+        state = self.state
+        view_at, now = state.view_at, state.clock.seconds()
+        kept, kept_matched, host_model = self._cands, self._matched, self.host_model
         peer_inflight = self._peer_inflight if self.peers else None
         for t in targets:
             tid = t.id
-            v = view_at(t, now)
+            b = t.backend
             inflight = (t.inflight if peer_inflight is None
                         else t.inflight + peer_inflight.get(tid, 0))
             e = kept.get(t)
-            if (e is not None and e[0] is v and e[1] == t.stamp and e[2] == inflight
-                    and e[3] == queued):
-                c = e[4]
+            # The kept candidate holds the kept view it was built from (``State.view_at``'s
+            # entry): while that view is current (the same test as ``view_at``'s), so is it.
+            if (e is not None and (ve := e[0])[0] == t.stamp and ve[1] is b
+                    and ve[2] == b.stamp and ve[3] <= now < ve[4]
+                    and (not ve[5] or ve[6] == b.replied_at) and e[1] == t.stamp
+                    and e[2] == inflight and e[3] == queued):
+                c, v = e[4], ve[7]
             else:
-                c = self._keep(t, v, queued, inflight)
-            if (c.warm is not False and not inflight and self.host_model
-                    and (hm := self.host_model.get(t.backend.url)) is not None
+                v = view_at(t, now)
+                if (e is not None and e[0][7] is v and e[1] == t.stamp and e[2] == inflight
+                        and e[3] == queued):
+                    c = e[4]
+                else:
+                    c = self._keep(t, v, queued, inflight)
+            if (host_model and c.warm is not False and not inflight
+                    and (hm := host_model.get(b.url)) is not None
                     and hm[0] != t.model and self._swapped_out(t, v, hm)):
                 c = self._as_cold(t, v, c)
             if matches and (m := matches.get(tid)) is not None:
                 if m.matched_bytes >= root_bytes:
                     held.append(tid)
                 if tid not in stale and (matched := m.matched_bytes // BYTES_PER_TOKEN):
-                    c = with_match(c, matched)
-            cold[tid] = c.warm is False and not c.loading
-            cands.append(c)
+                    # The copy with this match is kept too, while its base is the same.
+                    km = kept_matched.get(t)
+                    if km is not None and km[0] is c and km[1] == matched:
+                        c = km[2]
+                    else:
+                        base, c = c, with_match(c, matched)
+                        kept_matched[t] = (base, matched, c)
+            if c.warm is False and not c.loading:
+                cold[tid] = has_cold = True
+            else:
+                cold[tid] = False
+            add(c)
         owners = self._hot_owners(req, cands, held)
         if owners:
             root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
@@ -868,7 +897,6 @@ class Scheduler:
             if evict:
                 cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
                          if c.target_id in evict else c for c in cands]
-        has_cold = any(cold.values())
         if has_cold:
             cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
         if self.policy.name == "cost" and (has_cold or self._model_waiters):
@@ -1130,11 +1158,13 @@ class Scheduler:
         the prefill a later request pays for them. A hot root's extra owners are meant to
         take it in, and are not priced."""
         chain, roots = req.chain, self.roots
+        retained = roots.retained
+        out: dict[int, int] = {}
+        if not retained:
+            return out  # no target's retention is known: ``evicts`` says nothing of any
         root, root_bytes = chain.keys[0], chain.ends[0]
         now = self.state.clock.seconds()
         ids = [c.target_id for c in cands]
-        retained = roots.retained
-        out: dict[int, int] = {}
         for tid in ids:
             if tid not in retained:
                 continue  # its retention is unknown: ``evicts`` says nothing
@@ -1170,7 +1200,7 @@ class Scheduler:
         if not held:
             return frozenset()
         root = chain.keys[0]
-        slots = sum(c.capacity for c in cands) / len(cands)
+        slots = sum([c.capacity for c in cands]) / len(cands)
         k = self.hot.owners(root, self.state.clock.seconds(), slots, utilization)
         if k <= len(held):
             return frozenset()
@@ -1292,7 +1322,7 @@ class Scheduler:
         # Occupancy counts everyone (spec §8): ours, live peers', or the engine's own count.
         inflight = t.inflight + self.peer_inflight(t.id) if self.peers else t.inflight
         e = self._cands.get(t)
-        if (e is not None and e[0] is v and e[1] == t.stamp and e[2] == inflight
+        if (e is not None and e[0][7] is v and e[1] == t.stamp and e[2] == inflight
                 and e[3] == queued):
             c = e[4]
         else:
@@ -1302,8 +1332,8 @@ class Scheduler:
     def _keep(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:
         """A new unmatched candidate, kept unless the target's model is cold."""
         c = self._build(t, v, queued, inflight)
-        if c.warm is not False:
-            self._cands[t] = (v, t.stamp, inflight, queued, c)
+        if c.warm is not False and (ve := self.state.kept_view(t)) is not None and ve[7] is v:
+            self._cands[t] = (ve, t.stamp, inflight, queued, c)
         return c
 
     def _build(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:

@@ -316,6 +316,12 @@ class State:
                                b.replied_at, view)
         return view
 
+    def kept_view(self, target: Target) -> CachedView | None:
+        """The target's kept view with what it is current for (``view_at``'s entry), for a
+        caller that keeps what it builds from the view and tests the entry as ``view_at``
+        does (the scheduler's kept candidates)."""
+        return self._views.get(target)
+
     # --- feedback ------------------------------------------------------------------------
 
     def feedback(self, target: Target, sample: Sample) -> None:
@@ -406,6 +412,7 @@ class State:
 #: ``State.view``'s kept view: the target's and its backend's stamps (and the backend), when
 #: it was made and until when it holds, whether its ``up`` read ``replied_at`` and the value.
 _CachedView = tuple[int, BackendState, int, float, float, bool, float | None, View]
+CachedView = _CachedView
 #: ``State.targets_for``'s kept answer: ``BackendState.changes`` then, made at, holds until.
 _CachedUp = tuple[int, float, float, tuple[Target, ...]]
 

@@ -74,10 +74,10 @@ def fresh_check(state: State, sched: Scheduler, req: SchedRequest) -> None:
         state._views, sched._cands = kept_views, kept_cands
     if isinstance(targets, list):
         placed = sched.decide(req, targets)
-        kept_views, kept_cands = state._views, sched._cands
-        state._views, sched._cands = {}, {}
+        kept = state._views, sched._cands, sched._matched
+        state._views, sched._cands, sched._matched = {}, {}, {}
         again = sched.decide(req, targets)
-        state._views, sched._cands = kept_views, kept_cands
+        state._views, sched._cands, sched._matched = kept
         assert placed.candidates == again.candidates
         assert placed.decision.target_id == again.decision.target_id
 
@@ -262,3 +262,39 @@ def test_up_follows_rounds_and_replies_once_the_full_round_is_old() -> None:
     check(True)
     clock.advance(1e-6)
     check(False)
+
+
+def test_a_matched_candidate_is_kept_while_its_candidate_and_match_are() -> None:
+    """A target's candidate with a prefix match is served again (the same object) while its
+    candidate without the match and the matched tokens are unchanged, and is built anew,
+    equal to ``with_match`` of the current candidate, when either changes."""
+    clock = Clock()
+    engine = Engine(random.Random(4))
+    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
+    sched = Scheduler(state, PolicyConfig())
+    state.set_backends([BackendSpec(url="http://e:1", kind="vllm", capacity=4)])
+    state.service.startService()
+    clock.pump([0.5] * 4)
+    state.service.stopService()
+    [t] = state.targets
+    system = {"role": "system", "content": "harbour pilot " * 200}
+    ch = chain("m", [system, {"role": "user", "content": "q " * 100}], None, None)
+    sched.index.record(ch.keys[:1], t.id, t.gen, clock.seconds())
+    req = SchedRequest("m", 900, 1, chain=ch)
+
+    def matched() -> Candidate:
+        [c] = sched.decide(req, [t]).candidates
+        assert c.matched_tokens > 0
+        return c
+
+    first = matched()
+    assert matched() is first
+    assert first == with_match(sched.candidate(t, 0), first.matched_tokens)
+    sched.index.record(ch.keys, t.id, t.gen, clock.seconds())  # a longer match
+    longer = matched()
+    assert longer.matched_tokens > first.matched_tokens
+    assert longer == with_match(sched.candidate(t, 0), longer.matched_tokens)
+    state.merge_stats([{"target": t.key, "service_sec": 3.0, "prefill_sec_per_token": 0.002}])
+    changed = matched()
+    assert changed is not longer and changed.service_sec == 3.0
+    assert changed == with_match(sched.candidate(t, 0), changed.matched_tokens)
