@@ -35,6 +35,7 @@ from pharos.proxy import errors
 from pharos.proxy.auth import Identity
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed, Resolve, parse
+from pharos.proxy.parse import _parse as parse_decoded
 from pharos.proxy.relay import Tap
 from pharos.responses import ConversationStore
 
@@ -202,6 +203,21 @@ class Turn:
             self.stored = rid
 
 
+def _as_message(item: Any) -> Any:
+    """An input item as the chain hashes it: a message is its role and its text, as an
+    engine's chat template sees it (an output item's id, status and part types are not
+    prompt); any other item as it is."""
+    if type(item) is not dict or not isinstance(item.get("role"), str):
+        return item
+    content = item.get("content")
+    if isinstance(content, list) and all(type(p) is dict and isinstance(p.get("text"), str)
+                                         for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        return item
+    return {"role": item["role"], "content": content}
+
+
 class ConversationState:
     """The ``/v1/responses`` side of the proxy: ``store`` None means the feature is off."""
 
@@ -236,7 +252,9 @@ class ConversationState:
         expanded["input"] = items
         raw = json.dumps(expanded, ensure_ascii=False, separators=(",", ":")).encode(
             "utf-8", "surrogatepass")
-        parsed = parse(raw, RESPONSES_PATH, resolve)
+        # The expanded body is already decoded: parsed from its objects, not decoded again
+        # (the request's part passed ``parse``'s checks; the stored part was JSON it wrote).
+        parsed = parse_decoded(expanded, raw, RESPONSES_PATH, resolve)
         return self._chained(parsed, items), (
             Turn(store, who.tenant, items, parsed.stream) if eligible else None)
 
@@ -246,7 +264,7 @@ class ConversationState:
         template puts them), so a turn goes where its conversation's cache is."""
         if not isinstance(items, list | str):
             return parsed
-        messages = _items(items)
+        messages = [_as_message(item) for item in _items(items)]
         instructions = parsed.body.get("instructions")
         if isinstance(instructions, str) and instructions:
             messages = [{"role": "system", "content": instructions}, *messages]
