@@ -88,8 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for each path (default 5)")
     doctor.set_defaults(func=cmd_doctor)
 
-    bench = sub.add_parser("bench", help="benchmarks: pick, overhead, memory, run, compare, report "
-                                         "(reported, not asserted)")
+    bench = sub.add_parser("bench", help="benchmarks: pick, overhead, memory, run, compare, "
+                                         "report, placement (reported, not asserted)")
     bench.add_argument("what", choices=BENCH)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)
@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: ``pharos bench`` subcommands.
-BENCH = ("pick", "overhead", "memory", "run", "compare", "report")
+BENCH = ("pick", "overhead", "memory", "run", "compare", "report", "placement")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -126,6 +126,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pharos.bench.compare import main_compare
 
         return main_compare(args.rest, reactor)
+    if args.what == "placement":
+        from pharos.bench.placement import main_placement
+
+        return main_placement(args.rest)
     if args.what == "report":
         from pharos.bench.report import main_report
 
