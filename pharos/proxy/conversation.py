@@ -40,7 +40,6 @@ from pharos.proxy.relay import Tap
 from pharos.responses import ConversationStore
 
 RESPONSES_PATH = "/v1/responses"
-_PREVIOUS = b'"previous_response_id"'
 #: The final events of a Responses stream whose response may be continued.
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 _FINAL_STATUSES = frozenset({"completed", "incomplete"})
@@ -232,7 +231,7 @@ class ConversationState:
         parsed = parse(raw, RESPONSES_PATH, resolve)
         store = self.store
         body = parsed.body
-        previous = body.get("previous_response_id") if _PREVIOUS in raw else None
+        previous = body.get("previous_response_id")
         if store is None:
             if previous is not None:
                 raise state_off()
