@@ -4,8 +4,8 @@ With ``responses.store`` on, a request naming ``previous_response_id`` has it ex
 before admission and routing: the stored conversation's items (its input and its reply's
 output items) go in front of the request's ``input``, ``previous_response_id`` is removed, and
 the body is encoded again, so admission counts and the prefix index follows the whole
-conversation and an engine that keeps no state (llama.cpp refuses the field, Ollama ignores
-it) serves the turn. ``instructions`` are not carried from turn to turn (OpenAI's rule): each
+conversation and an engine that keeps no state (llama.cpp refuses the field) serves the
+turn. ``instructions`` are not carried from turn to turn (OpenAI's rule): each
 request sends its own.
 
 A request with ``store: true`` (explicitly: OpenAI's default of true is not assumed, so
@@ -21,7 +21,8 @@ other request is captured.
 Ids are looked up for the caller's tenant only: an id that is not held for it (never stored,
 expired, dropped, another tenant's, forged) is one 404 with one message, so nothing tells
 whether it exists elsewhere. With ``responses.store`` off, ``previous_response_id`` is a 400
-saying so (llama.cpp would refuse it, Ollama would silently answer without the context).
+saying so (llama.cpp would refuse it; an engine that ignored it would answer without the
+context).
 """
 
 from __future__ import annotations
