@@ -42,7 +42,7 @@ class Stub:
 
 
 class StubAgent(EngineAgent):
-    def _requestWithEndpoint(self, *a: Any) -> Deferred[Any]:  # noqa: N802 (Agent's name)
+    def _requestWithEndpoint(self, *a: Any) -> Deferred[Any]:
         return succeed(Stub())
 
 
