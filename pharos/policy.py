@@ -442,16 +442,12 @@ class _Fleet:
         loop at the first match above the threshold, else by the explanation."""
         pressure = self._kv
         if pressure is None:
-            threshold, prompt = self.threshold, self.prompt
-            known = above = pressed = 0
-            for c in self.candidates:
-                kv = c.kv_usage
-                if kv is not None:
-                    known += 1
-                    if kv > threshold:
-                        above += 1
-                        if _matched(c.matched_tokens, prompt):
-                            pressed += 1
+            threshold, prompt, candidates = self.threshold, self.prompt, self.candidates
+            over = [c.matched_tokens for c in candidates
+                    if (kv := c.kv_usage) is not None and kv > threshold]
+            known = len(candidates) - [c.kv_usage for c in candidates].count(None)
+            above = len(over)
+            pressed = len([m for m in over if _matched(m, prompt)])
             waived = threshold < 1 and known > 0 and (
                 known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
             pressure = self._kv = (waived, 0 if waived else pressed)
@@ -646,15 +642,15 @@ def _select_cost(fleet: _Fleet) -> _Scored:
     prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
     service_median = load_median = per_token_median = -1.0  # < 0: not taken yet
     best = math.inf
+    waived: bool | None = None  # the KV guard's waiver, read at the first match it applies to
     i = -1
     for c in fleet.candidates:
         i += 1
         capacity = c.capacity
         if capacity < 1:
             raise _capacity_error(c)
-        # The usual candidate (warm or loading, not held, under the bound) pays no load, no
-        # reload and no set-aside check beyond these three tests; the zero terms it skips
-        # would add exactly 0.0.
+        # The usual candidate (warm or loading, not held, under the bound) takes no other
+        # set-aside test than these three. A KV penalty of 0 is not added (x + 0.0 == x).
         if c.held is not None or (c.warm is False and not c.loading) or c.inflight >= bound:
             if c.held is not None:
                 aside[c.held] = aside.get(c.held, 0) + 1
@@ -717,11 +713,14 @@ def _select_cost(fleet: _Fleet) -> _Scored:
         est = wait + load + prefill
         if matched:
             kv = c.kv_usage
-            if kv is not None and kv > threshold and not fleet.kv_waived:
-                distrust = (kv - threshold) / (1.0 - threshold)
-                if distrust > 1.0:
-                    distrust = 1.0
-                est += matched * per_token * (distrust * KV_DISTRUST_MAX)
+            if kv is not None and kv > threshold:
+                if waived is None:
+                    waived = fleet.kv_waived
+                if not waived:
+                    distrust = (kv - threshold) / (1.0 - threshold)
+                    if distrust > 1.0:
+                        distrust = 1.0
+                    est += matched * per_token * (distrust * KV_DISTRUST_MAX)
         est = est + c.evict_tokens * per_token + reload
         if est < best:
             best = est

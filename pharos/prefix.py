@@ -379,7 +379,7 @@ def _as_tuple(slots: Slots) -> tuple[int, ...]:
 def _gen_getter(gens: Mapping[int, int] | Callable[[int], int | None]) -> Callable[
     [int], int | None
 ]:
-    if isinstance(gens, Mapping):
+    if type(gens) is dict or (not callable(gens) and isinstance(gens, Mapping)):
         return gens.get
     return gens
 
@@ -418,6 +418,7 @@ class PrefixIndex:
         (``gens``: a mapping or a function of the target id; an unknown gen matches nothing).
         Walks h_n … h_1, skipping stale slots. O(links); does not touch the LRU order."""
         gen_of = _gen_getter(gens)
+        new_match = tuple.__new__  # ``Match(...)`` without its Python-level ``__new__``
         keys, ends = ch.keys, ch.ends
         shards, n = self._shards, self._n
         found: dict[int, Match] = {}
@@ -436,7 +437,8 @@ class PrefixIndex:
                     g = gen_of(target)
                     current[target] = want = _NO_GEN if g is None else g & _GEN_MASK
                 if (slot >> _GEN_SHIFT) & _GEN_MASK == want:
-                    found[target] = Match(ends[i], _SOURCES[(slot >> _SOURCE_SHIFT) & 3])
+                    found[target] = new_match(Match, (ends[i],
+                                                      _SOURCES[(slot >> _SOURCE_SHIFT) & 3]))
         return found
 
     def record(

@@ -550,8 +550,11 @@ class Scheduler:
 
     def targets(self, req: SchedRequest) -> list[Target]:
         """The up targets the request may go to; raises UnknownModel or Unavailable."""
-        targets = [t for t in self.state.targets_for(req.model) if t.id not in req.exclude
-                   and (req.kind is None or t.backend.kind == req.kind)]
+        up = self.state.targets_for(req.model)
+        exclude, kind = req.exclude, req.kind
+        targets = (list(up) if not exclude and kind is None else
+                   [t for t in up if t.id not in exclude
+                    and (kind is None or t.backend.kind == kind)])
         if not targets:
             if not self.state.listed_anywhere(req.model, req.kind):
                 raise UnknownModel(req.model)
@@ -1145,8 +1148,8 @@ class Scheduler:
         says they have pushed it out since (more root tokens went there after it than the
         cache keeps): the index learns of an eviction only from the next reply, and a stale
         prediction on two holders tied and lost to the one that had evicted it."""
-        if not self.guards.eviction_pricing:
-            return set()
+        if not self.guards.eviction_pricing or not self.roots.retained:
+            return set()  # off, or no target's retention known: ``pushed_out`` is False
         root, root_bytes, roots = req.chain.keys[0], req.chain.ends[0], self.roots
         return {tid for tid, m in matches.items()
                 if m.matched_bytes >= root_bytes and roots.pushed_out(tid, root)}

@@ -8,6 +8,7 @@ Python's start and the bench's setup excluded.
 
     pick_ir.py decide N    N decisions after 200 warm ones
     pick_ir.py chain N     N chain hashings of the chat
+    pick_ir.py pick N      N picks alone over the decision's candidates
     pick_ir.py parts       min and median wall time of the decision and of its parts
     pick_ir.py profile N   cProfile of N decisions
 """
@@ -105,6 +106,19 @@ def main() -> None:
         one()
     if what == "parts":
         parts(one)
+    elif what == "pick":
+        from pharos.policy import PolicyConfig, pick
+        from pharos.sched import Scheduler
+
+        seen: list[Any] = []
+        real = Scheduler.decide
+        Scheduler.decide = lambda self, req, targets, waited=0.0: seen.append(  # type: ignore
+            real(self, req, targets, waited)) or seen[-1]
+        one()
+        Scheduler.decide = real  # type: ignore[method-assign]
+        cands, route, cfg = list(seen[0].candidates), seen[0].route, PolicyConfig()
+        for _ in range(n):
+            _ = pick(route, cands, cfg).target_terms
     elif what == "profile":
         import cProfile
         import pstats
