@@ -54,7 +54,7 @@ from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
 from pharos.sched import Guards, Lease, SchedRequest, Scheduler
 from pharos.sim.double import EngineDouble
-from pharos.sim.model import LOADED, LOADING, GenRequest, Job
+from pharos.sim.model import DEFAULT_DECODE_S, DEFAULT_PREFILL_S, LOADED, LOADING, GenRequest, Job
 from pharos.sim.slots import SlotModel
 from pharos.sim.workloads import Request, multi_model
 from pharos.state.state import State
@@ -89,10 +89,20 @@ class FleetConfig:
     #: Ollama's default keep-alive; llama-swap's default ttl is 0 (never unloads by itself).
     keep_alive: float | None = 300.0
     output_tokens: tuple[int, int] = (50, 300)
+    #: Time compression: load, prefill, decode and keep-alive ``compress`` times shorter, the
+    #: rate ``compress`` times higher (TTFTs come out that much shorter): the real-time
+    #: cross-check's fleet (``pharos bench compare`` with the same engine arguments).
+    compress: float = 1.0
+    #: Pharos is told each host's ``memory_gb`` (False: residency only, no fit check, as
+    #: ``pharos bench compare``'s config has it).
+    pharos_memory: bool = True
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.hosts}h-{self.models}m"
+        extra = "" if self.compress == 1 else f"-x{self.compress:g}"
+        if not self.pharos_memory and self.kind == OLLAMA:
+            extra += "-nomem"
+        return f"{self.kind}-{self.hosts}h-{self.models}m{extra}"
 
     @property
     def resident(self) -> int:
@@ -115,6 +125,8 @@ class RunResult:
     models: list[str]  # by arrival index
     #: (time, {model: hosts it is loaded on}) every SAMPLE_SEC.
     placement: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    #: Requests Pharos dispatched to a target it saw cold (None: the harness's dispatch).
+    cold_dispatches: int | None = None
 
     @property
     def loads_per_1000(self) -> float:
@@ -132,9 +144,12 @@ class _Host:
         self.url = url
         size = int(cfg.model_gb * GB)
         memory = (size if cfg.kind == LLAMASWAP else int(cfg.memory_gb * GB))
-        self.double = EngineDouble(cfg.kind, clock, models=dict.fromkeys(names, size),
-                                   slots=cfg.slots, seed=seed, load_s=cfg.load_s,
-                                   host_memory=memory, keep_alive=cfg.keep_alive)
+        k = cfg.compress
+        self.double = EngineDouble(
+            cfg.kind, clock, models=dict.fromkeys(names, size), slots=cfg.slots, seed=seed,
+            load_s=cfg.load_s / k, host_memory=memory,
+            keep_alive=None if cfg.keep_alive is None else cfg.keep_alive / k,
+            decode_s=DEFAULT_DECODE_S / k, prefill_s=DEFAULT_PREFILL_S / k)
         self.inflight: Counter[str] = Counter()
 
     @property
@@ -171,8 +186,9 @@ class _Listener:
 
 def workload(cfg: FleetConfig, seed: int) -> list[Request]:
     """The run's requests: ``multi-model`` at ``cfg.rate``, the first ``cfg.requests``."""
-    duration = cfg.requests / cfg.rate * 1.2 + 10
-    reqs = multi_model(seed, cfg.rate, duration, models=cfg.models, exponent=cfg.exponent,
+    rate = cfg.rate * cfg.compress
+    duration = cfg.requests / rate * 1.2 + 10
+    reqs = multi_model(seed, rate, duration, models=cfg.models, exponent=cfg.exponent,
                        output_tokens=cfg.output_tokens)
     return reqs[: cfg.requests]
 
@@ -204,11 +220,13 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
         state.on_round = lambda b: sched.kick() if sched is not None else None
         state.set_backends([
             BackendSpec(url=h.url, kind=cfg.kind, capacity=cfg.slots,  # type: ignore[arg-type]
-                        memory_gb=cfg.memory_gb if cfg.kind == OLLAMA else None)
+                        memory_gb=cfg.memory_gb if cfg.kind == OLLAMA and cfg.pharos_memory
+                        else None)
             for h in hosts])
         state.service.startService()
         clock.advance(1.0)  # the first round: catalogues known
     start = clock.seconds()
+    cold = 0
 
     def submit(host: _Host, i: int, on_first: Callable[[Job], None],
                on_done: Callable[[Job], None]) -> None:
@@ -225,6 +243,8 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
                                                rng.getrandbits(63), output_tokens=r.max_tokens))
 
         def granted(lease: Lease) -> None:
+            nonlocal cold
+            cold += lease.cold
             host = by_url[lease.target.backend.spec.url]
             granted_at = clock.seconds()
 
@@ -288,7 +308,7 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
         h.double.model.stop()
     return RunResult(cfg.name, policy, seed, len(reqs), sum(t is not None for t in ttft),
                      sum(h.model.loads for h in hosts), ttft, [r.model for r in reqs],
-                     placement)
+                     placement, cold if sched is not None else None)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -319,10 +339,11 @@ def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
     head = [t for t, m in pairs if m not in tails]
     tail = [t for t, m in pairs if m in tails]
     head95 = pct(head, 0.95)
-    fair = None if head95 is None else cfg.load_s + head95
+    fair = None if head95 is None else cfg.load_s / cfg.compress + head95
     return {
         "config": run.config, "policy": run.policy, "seed": run.seed,
         "requests": run.requests, "served": run.served, "loads": run.loads,
+        "cold_dispatches": run.cold_dispatches,
         "loads_per_1000": run.loads_per_1000,
         "p50": pct(served, 0.5), "p95": pct(served, 0.95),
         "tail_requests": len(tail), "tail_p95": pct(tail, 0.95), "tail_fair": fair,
@@ -501,6 +522,11 @@ def main_placement(argv: Sequence[str]) -> int:
     p.add_argument("--rate", type=float, default=1.2)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--exponent", type=float, default=1.1, help="Zipf exponent of popularity")
+    p.add_argument("--compress", type=float, default=1.0,
+                   help="load, prefill, decode and keep-alive this many times shorter, the "
+                        "rate this many times higher (the real-time cross-check's fleet)")
+    p.add_argument("--no-pharos-memory", action="store_true",
+                   help="do not tell Pharos the hosts' memory_gb (as bench compare does not)")
     p.add_argument("--seeds", default="1,2,3,4,5")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--out", type=Path, default=None)
@@ -518,7 +544,10 @@ def main_placement(argv: Sequence[str]) -> int:
     cfg = FleetConfig(hosts=a.hosts, models=a.models, kind=a.kind, model_gb=a.model_gb,
                       memory_gb=a.memory_gb, slots=a.slots, load_s=a.load_s, rate=a.rate,
                       requests=a.requests, exponent=a.exponent,
-                      keep_alive=300.0 if a.kind == OLLAMA else None)
+                      keep_alive=300.0 if a.kind == OLLAMA else None, compress=a.compress,
+                      pharos_memory=not a.no_pharos_memory)
+    if not a.compress > 0:
+        p.error("--compress must be > 0")
     result = run_grid(cfg, seeds, policies, a.out, log=lambda s: print(s, file=sys.stderr))
     print(medians_table([result["goals"]]))
     print(goals_table([result["goals"]]))
