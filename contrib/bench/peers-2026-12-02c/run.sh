@@ -8,9 +8,11 @@
 #   three-peers         3 instances, peers, the tree on PYTHONPATH (dispatches told)
 #   three-peers-ret     3 instances, peers, the tree in $RET (dispatches told, and each
 #                       target's learned retention in every delta)
+#   three-peers-retonly 3 instances, peers, the tree in $RETONLY (retention in every delta,
+#                       no dispatch ops: records count as sends, as before)
 # Seeds outermost, variants innermost (interleaved), so drift of the machine falls on every
 # variant alike.
-# Usage: run.sh OUT_DIR   (SEEDS=1,2,3,4,5 VARIANTS="..." BEFORE=/path/to/tree RET=/path)
+# Usage: run.sh OUT_DIR   (SEEDS=1,2,3,4,5 VARIANTS="..." BEFORE=/path/to/tree RET=/path RETONLY=/path)
 set -euo pipefail
 out=${1:?usage: run.sh OUT_DIR}
 pharos=${PHAROS:-.venv/bin/pharos}
@@ -20,7 +22,7 @@ variants=${VARIANTS:-three-peers-before three-peers one}
 args() {
     case $1 in
         one) ;;
-        three-peers|three-peers-before|three-peers-ret) echo --instances 3 --peers ;;
+        three-peers|three-peers-*) echo --instances 3 --peers ;;
         *) echo "unknown variant $1" >&2; exit 2 ;;
     esac
 }
@@ -30,6 +32,7 @@ for seed in ${seeds//,/ }; do
         path=${PYTHONPATH:-}
         [[ $v == *-before ]] && path=${BEFORE:?three-peers-before needs BEFORE=tree}
         [[ $v == *-ret ]] && path=${RET:?three-peers-ret needs RET=tree}
+        [[ $v == *-retonly ]] && path=${RETONLY:?three-peers-retonly needs RETONLY=tree}
         echo "$(date -u +%H:%M:%S) seed $seed $v load $(cut -d' ' -f1-3 /proc/loadavg)"
         # shellcheck disable=SC2046
         PYTHONPATH=$path "$pharos" bench compare --engines 3 --kind vllm \
