@@ -1,6 +1,6 @@
 """Record Open WebUI's capture (by hand: Open WebUI is not installed by ``make install``).
 
-    python -m tests.clients.record_openwebui VENV [--port 18081]
+    python -m tests.clients.record_openwebui VENV [--port 18081] [--connection openai|ollama]
 
 ``VENV`` holds Open WebUI (``python3 -m venv VENV && VENV/bin/pip install open-webui==0.12.4
 torch==2.13.0+cpu``: 2.9 GB, about 5 minutes; CPU torch keeps the CUDA wheels out; its pins,
@@ -43,13 +43,15 @@ SECRET = "phk-client-capture"
 HOW = "python -m tests.clients.record_openwebui VENV (by hand)"
 
 
-def openwebui(venv: Path, port: int, pharos: str, data: Path) -> subprocess.Popen[bytes]:
+def openwebui(venv: Path, port: int, pharos: str, data: Path,
+              connection: str) -> subprocess.Popen[bytes]:
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(data / "home"),
            "DATA_DIR": str(data), "ENABLE_PERSISTENT_CONFIG": "False", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "OFFLINE_MODE": "true", "WEBUI_AUTH": "False",
            "ENABLE_VERSION_UPDATE_CHECK": "false", "ANONYMIZED_TELEMETRY": "false",
            "RAG_EMBEDDING_MODEL_AUTO_UPDATE": "false", "OPENAI_API_BASE_URL": pharos + "/v1",
-           "OPENAI_API_KEY": SECRET, "OLLAMA_BASE_URL": pharos, "ENABLE_OLLAMA_API": "true"}
+           "OPENAI_API_KEY": SECRET, "OLLAMA_BASE_URL": pharos, "ENABLE_OLLAMA_API": "true",
+           "ENABLE_OPENAI_API": "true" if connection == "openai" else "false"}
     log = open(data / "open-webui.log", "wb")  # noqa: SIM115 (the process keeps it)
     return subprocess.Popen([str(venv / "bin" / "open-webui"), "serve", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=log,
@@ -97,28 +99,32 @@ def chat(port: int, model: str, text: str, profile: Path) -> str:
         browser.close()
 
 
-async def record(venv: Path, port: int) -> None:
+async def record(venv: Path, port: int, connection: str) -> None:
     version = subprocess.run([str(venv / "bin" / "python"), "-c",
                               "import importlib.metadata as m; print(m.version('open-webui'))"],
                              capture_output=True, text=True, check=True).stdout.strip()
     engine, url = start_recorded_llamacpp()
+    # The Ollama connection sends no key: Pharos runs without keys for it.
+    keys = (Key(name="team", sha256=digest(SECRET)),) if connection == "openai" else ()
     fleet = await start_fleet([("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
-                              extra=[url], keys=(Key(name="team", sha256=digest(SECRET)),))
+                              extra=[url], keys=keys)
     fleet.ports.append(engine)
     recorder = Recorder.around(fleet.ports[-2].factory,  # type: ignore[attr-defined]
                                keys=(SECRET,))
     work = Path(tempfile.mkdtemp(prefix="pharos-openwebui-"))
     (work / "home").mkdir()
-    proc = openwebui(venv, port, fleet.url, work)
+    proc = openwebui(venv, port, fleet.url, work, connection)
     try:
         await threads.deferToThread(wait_http, f"http://127.0.0.1:{port}/health", 300)
-        page = await threads.deferToThread(chat, port, "tiny", "Hello there", work / "chrome")
+        model = "tiny" if connection == "openai" else "llama3.2:3b"
+        page = await threads.deferToThread(chat, port, model, "Hello there", work / "chrome")
         print(page[-600:])
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
         await fleet.stop()
-    d = save("open-webui", version, recorder.calls, HOW)
+    client = "open-webui" if connection == "openai" else "open-webui-ollama"
+    d = save(client, version, recorder.calls, f"{HOW} --connection {connection}")
     print(f"{len(recorder.calls)} calls recorded into {d}")
     shutil.rmtree(work, ignore_errors=True)
 
@@ -127,6 +133,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("venv", type=Path)
     ap.add_argument("--port", type=int, default=18081)
+    ap.add_argument("--connection", choices=("openai", "ollama"), default="openai",
+                    help="the connection the chat goes through (ollama: the other one off, "
+                         "Pharos without keys); captures open-webui / open-webui-ollama")
     args = ap.parse_args()
     failed: list[Failure] = []
 
@@ -135,7 +144,7 @@ def main() -> None:
         f.printTraceback()
 
     def run() -> Any:
-        d = defer.ensureDeferred(record(args.venv, args.port))
+        d = defer.ensureDeferred(record(args.venv, args.port, args.connection))
         d.addErrback(failure)
         d.addBoth(lambda _: reactor.stop())
         return d

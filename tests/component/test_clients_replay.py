@@ -1,11 +1,12 @@
 """Layer 3: every committed client capture (tests/clients/<client>/<version>/calls.jsonl, what
-a real client sent, recorded by test_clients.py) replayed byte for byte through Pharos in front
-of an Ollama-like double and llama.cpp's recorded replies, with a key configured. Per call: the
-status the client got when it was recorded (its routes are served, its key header accepted,
-its mistakes refused the same way); every generation it sent is routed and metered; a streamed
-chat that did not ask for usage gets none while Pharos meters it, one that asked keeps its usage
-chunk; and a turn that extends an earlier turn's messages is predicted from that turn's prefix
-and sent to the same engine (the prefix chain). A client quirk recorded once stays a test."""
+a real client sent, recorded by test_clients.py or tests/clients/record_openwebui.py) replayed
+byte for byte through Pharos in front of an Ollama-like double and llama.cpp's recorded
+replies, with a key configured when the client sent one. Per call: the status the client got
+when it was recorded (its routes are served, its key header accepted, its mistakes refused the
+same way); every generation it sent is routed and metered; a streamed chat that did not ask for
+usage gets none while Pharos meters it, one that asked keeps its usage chunk; and a turn that
+extends an earlier turn's messages is predicted from that turn's prefix and sent to the same
+engine (the prefix chain). A client quirk recorded once stays a test."""
 
 from __future__ import annotations
 
@@ -77,9 +78,13 @@ def usage_lines(body: bytes) -> list[Any]:
 
 async def replay(calls: list[Call]) -> list[tuple[Call, int, bytes, Done | None]]:
     """Each call through a fresh Pharos, in order: (call, status, body, its Done or None)."""
+    # A capture recorded with a key replays against Pharos with keys; one recorded without
+    # (Open WebUI's Ollama connection sends none) against Pharos without keys.
+    keyed = any(KEY in v or OTHER_KEY in v for c in calls for v in c.headers.values())
     engine, url = start_recorded_llamacpp()
     fleet = await start_fleet([("ollama", {"loaded": [LLAMA]}, {"kind": "ollama"})],
-                              extra=[url], keys=(Key(name="team", sha256=digest(SECRET)),))
+                              extra=[url],
+                              keys=(Key(name="team", sha256=digest(SECRET)),) if keyed else ())
     fleet.ports.append(engine)
     dones: dict[str, Done] = {}
     fleet.pharos.public.on_done.append(lambda d: dones.__setitem__(d.request_id, d))
