@@ -45,7 +45,7 @@ def test_wheel_installs_twistd_plugin(tmp_path: Path) -> None:
          "print(' '.join(pinned_capture(k).version for k in KINDS))"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert doubles.returncode == 0, doubles.stderr
-    assert doubles.stdout.split() == ["0.32.15", "b11312", "0.32.0"]
+    assert doubles.stdout.split() == ["0.32.15", "b11312", "0.32.0", "v250"]
 
 
 def test_setup_cfg_lists_the_pinned_captures() -> None:
