@@ -111,6 +111,10 @@ HOT_MIN_TOKENS = 256
 PEER_SILENCE_SEC = 2.0
 #: Waiters behind a blocked head that swap grouping tries (``Scheduler._pass``).
 PASS_LIMIT = 64
+
+#: A waiter's target set (model, engine kind, targets excluded): waiters with the same set see
+#: the same free slots, whatever else differs between them.
+Selection = tuple[str, str | None, frozenset[int]]
 #: Entries one peer's gauges may hold (targets plus models): far above any fleet, so a peer
 #: sending more is broken or hostile and its report is refused.
 MAX_GAUGE_ENTRIES = 10_000
@@ -377,6 +381,16 @@ class Scheduler:
         self.shares = Shares()
         self._waiting_models: Counter[str] = Counter()  # waiters by model (the policy's queued)
         self._kicking = False
+        #: Target sets (``Selection``) whose every target had no free slot, with the last
+        #: backend write then (``BackendState.changes``), the time the views the decision read
+        #: stay current until, and the targets: a waiter of one is passed over without a
+        #: decision while both hold, and until something may free a slot (``kick``: a release,
+        #: a scrape round, peers' gauges; a reload's capacities; each empties it). A full set
+        #: gives every policy ``enqueue``, so the decision could only repeat itself (issue 16
+        #: item 2: at 32 clients about 4 decisions ran per proxied request).
+        self._full: dict[Selection, tuple[int, float, tuple[Target, ...]]] = {}
+        #: Placement decisions run for waiters (``_try_place``): the count a test reads.
+        self.decisions = 0
         #: Leases held now, for the watchdog; when a request last started or a lease was
         #: last given back (a queue with neither for long is wedged: /healthz).
         self.leases: set[Lease] = set()
@@ -422,6 +436,7 @@ class Scheduler:
     @model_costs.setter
     def model_costs(self, value: dict[str, tuple[float, float, float]]) -> None:
         self._model_costs = dict(value)
+        self._full.clear()
         self._cands.clear()
         self._matched.clear()
 
@@ -433,6 +448,7 @@ class Scheduler:
     @default_capacity.setter
     def default_capacity(self, value: int) -> None:
         self._default_capacity = value
+        self._full.clear()
         self._cands.clear()
         self._matched.clear()
 
@@ -463,7 +479,7 @@ class Scheduler:
         self.queue.push(w, front)
         self._waiting_models[req.model] += 1
         self._model_waiters.setdefault(req.model, {})[w] = w.queued_at
-        self.kick()
+        self._kick()  # an arrival frees no slot: target sets found full stay so
         w.arriving = False
         if not w.d.called and self.waiting > self.queue_limit:
             self._leave(w)
@@ -498,8 +514,15 @@ class Scheduler:
     # --- the fair queue ------------------------------------------------------------------
 
     def kick(self) -> None:
-        """Serve waiters while slots allow, in the fair queue's order (``pharos.fairq``); a
-        key whose head waiter cannot be placed now is passed over without losing its place."""
+        """Something may have freed a slot (a release, a scrape round, peers' gauges): serve
+        waiters while slots allow, in the fair queue's order (``pharos.fairq``); a key whose
+        head waiter cannot be placed now is passed over without losing its place."""
+        self._full.clear()
+        self._kick()
+
+    def _kick(self) -> None:
+        """``kick`` with no change to what is free (a new waiter): target sets found full
+        since the last change are passed over without a decision."""
         if self._kicking:
             return
         self._kicking = True
@@ -534,8 +557,9 @@ class Scheduler:
         keeps its place, and the wait bound (``placement.drain_hold``) stops the loaded model
         from taking its host for ever. Off without ``swap_grouping`` or under another policy
         than cost."""
-        if not self.guards.placement.swap_grouping or self.policy.name != "cost":
-            return None, head
+        if (not self.guards.placement.swap_grouping or self.policy.name != "cost"
+                or len(self._model_waiters) < 2):
+            return None, head  # (every waiter is of the head's model: none may pass it)
         tried: set[str] = {head.req.model}
         for w in self.queue.behind(head, PASS_LIMIT):
             if w.req.model in tried:
@@ -562,19 +586,36 @@ class Scheduler:
         return targets
 
     def _try_place(self, w: _Waiter) -> Lease | None:
+        req = w.req
+        sel: Selection = (req.model, req.kind, req.exclude)
+        full = self._full.get(sel)
+        if full is not None:
+            now = self.state.clock.seconds()
+            if (full[0] == BackendState.changes and now < full[1]
+                    and (not self.peers or now < self._peer_until)):
+                for t in full[2]:
+                    t.pressed = True  # as the decision would have marked them
+                return None
+            del self._full[sel]
         try:
-            targets = self.targets(w.req)
+            targets = self.targets(req)
         except (UnknownModel, Unavailable) as e:
             self._fail_later(w, e)
             return None
-        placed = self.decide(w.req, targets, self.state.clock.seconds() - w.queued_at)
+        self.decisions += 1
+        placed = self.decide(req, targets, self.state.clock.seconds() - w.queued_at)
+        free = False
         for c in placed.candidates:
             if c.free_slots <= 0:
                 # A request came while it had no free slot: a reason to try one more there
                 # (``learn_capacity``), whether this one waits or goes elsewhere.
                 self.state.targets[c.target_id].pressed = True
+            else:
+                free = True
         decision = placed.decision
         if decision.target_id is None or decision.enqueue:
+            if not free:
+                self._remember_full(sel, targets)
             return None
         if self.shares.must_leave_room(
                 w.key, w.weight, sum(max(0, c.free_slots) for c in placed.candidates),
@@ -582,8 +623,14 @@ class Scheduler:
             return None
         target = self.state.targets[decision.target_id]
         target.inflight += 1
+        if self.queue.waiting > 1 and all(
+                c.free_slots <= 0 or (c.target_id == target.id and c.free_slots == 1
+                                      and c.capacity - 1 <= c.inflight)
+                for c in placed.candidates):
+            # It took the set's last free slot, one counted from our requests (not from the
+            # engine's running count): the next waiter of the set need not be decided.
+            self._remember_full(sel, targets)
         self.shares.started(w.key)
-        req = w.req
         self.turns[req.model] += 1
         match = placed.matches.get(target.id)
         terms = decision.target_terms
@@ -609,6 +656,19 @@ class Scheduler:
         if self.on_route is not None:
             self.on_route(req, placed)
         return lease
+
+    def _remember_full(self, sel: Selection, targets: list[Target]) -> None:
+        """Every target of ``sel`` has no free slot now: remember it until the next ``kick``,
+        a backend write, a view the decision read expiring (``State.kept_view``) or a peer's
+        report going stale. Not when a view reads ``replied_at`` (an up-ness that a relayed
+        byte may change)."""
+        until = math.inf
+        for t in targets:
+            e = self.state.kept_view(t)
+            if e is None or e[5]:
+                return
+            until = min(until, e[4])
+        self._full[sel] = (BackendState.changes, until, tuple(targets))
 
     def _dispatched(self, req: SchedRequest, target: Target) -> int | None:
         """Count the root's demand, note the root in the target's cache and remember the
