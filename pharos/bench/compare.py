@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -103,13 +104,17 @@ def served_models(kind: str, engine_args: Sequence[str], names: Sequence[str],
 
 
 def _same_run(path: Path, spec: dict[str, Any]) -> bool:
-    """Whether ``path`` already holds the result of the run ``spec`` describes."""
+    """Whether ``path`` already holds the result of the run ``spec`` describes. ``spec`` is
+    compared as the result file stores it (through JSON): a tuple in it (``--workload-arg
+    prompt_tokens=[2000,2000]`` parses to one) reads back as a list, and without the round trip
+    no such run was ever found done."""
     doc = read_result(path)
     if doc is None:
         return False
+    planned = json.loads(json.dumps(spec))
     keys = ("workload", "rate", "duration", "seed", "warmup", "workload_args", "policy", "slo",
             "timeout", "max_requests", "fleet", "clients", "restart")
-    return all(doc["spec"].get(k) == spec.get(k) for k in keys)
+    return all(doc["spec"].get(k) == planned.get(k) for k in keys)
 
 
 class Comparison:
