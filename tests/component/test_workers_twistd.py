@@ -132,6 +132,14 @@ def test_two_workers_serve_restart_reload_and_drain(
     worker, make both read the config again; SIGTERM drains both and the supervisor and
     every worker end, with no traceback."""
     proc, port, log = supervisor
+    try:
+        serve_restart_reload_and_drain(proc, port, log)
+    except (AssertionError, OSError) as e:
+        # The supervisor's log (every worker's lines too) says what happened.
+        raise AssertionError(f"{e}\n--- log tail ---\n{log.read_text()[-6000:]}") from e
+
+
+def serve_restart_reload_and_drain(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     wait_for("both workers up", lambda: workers_up(port) == {"0": 1.0, "1": 1.0})
     for _ in range(20):
         assert get(port, "/")[0] == 200
