@@ -442,12 +442,16 @@ class _Fleet:
         loop at the first match above the threshold, else by the explanation."""
         pressure = self._kv
         if pressure is None:
-            threshold, prompt, candidates = self.threshold, self.prompt, self.candidates
-            over = [c.matched_tokens for c in candidates
-                    if (kv := c.kv_usage) is not None and kv > threshold]
-            known = len(candidates) - [c.kv_usage for c in candidates].count(None)
-            above = len(over)
-            pressed = len([m for m in over if _matched(m, prompt)])
+            threshold, prompt = self.threshold, self.prompt
+            known = above = pressed = 0
+            for c in self.candidates:
+                kv = c.kv_usage
+                if kv is not None:
+                    known += 1
+                    if kv > threshold:
+                        above += 1
+                        if _matched(c.matched_tokens, prompt):
+                            pressed += 1
             waived = threshold < 1 and known > 0 and (
                 known - above <= math.floor(known * KV_WAIVE_BELOW_SHARE))
             pressure = self._kv = (waived, 0 if waived else pressed)
@@ -637,41 +641,34 @@ def _select_cost(fleet: _Fleet) -> _Scored:
     benchmark): it inlines ``_Fleet.terms``' arithmetic, same terms added in the same order,
     and binds names to locals."""
     out = _Scored(fleet)
-    ests, aside, feasible = out.est, out.aside, out.feasible
-    add_feasible = feasible.append
+    ests, aside, add_feasible = out.est, out.aside, out.feasible.append
     prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
     service_median = load_median = per_token_median = -1.0  # < 0: not taken yet
     best = math.inf
     waived: bool | None = None  # the KV guard's waiver, read at the first match it applies to
-    i = -1
-    for c in fleet.candidates:
-        i += 1
+    for i, c in enumerate(fleet.candidates):
         capacity = c.capacity
         if capacity < 1:
             raise _capacity_error(c)
-        # The usual candidate (warm or loading, not held, under the bound) takes no other
-        # set-aside test than these three. A KV penalty of 0 is not added (x + 0.0 == x).
-        if c.held is not None or (c.warm is False and not c.loading) or c.inflight >= bound:
-            if c.held is not None:
-                aside[c.held] = aside.get(c.held, 0) + 1
+        if c.held is not None:
+            aside[c.held] = aside.get(c.held, 0) + 1
+            continue
+        if c.warm is False and not c.loading:
+            if c.fits_if_cold is False:
+                aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
                 continue
-            if c.warm is False and not c.loading:
-                if c.fits_if_cold is False:
-                    aside[SET_ASIDE_WONT_FIT] = aside.get(SET_ASIDE_WONT_FIT, 0) + 1
-                    continue
-                load = c.load_sec
-                if load is None:
-                    if load_median < 0:
-                        load_median = fleet.load_sec()[0]
-                    load = load_median
-                reload = c.reload_sec
-            else:
-                load = reload = 0.0
-            if _over_bound(c.inflight, capacity, bound):
-                aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
-                continue
+            load = c.load_sec
+            if load is None:
+                if load_median < 0:
+                    load_median = fleet.load_sec()[0]
+                load = load_median
+            reload = c.reload_sec
         else:
             load = reload = 0.0
+        inflight = c.inflight
+        if inflight >= bound and _over_bound(inflight, capacity, bound):
+            aside[SET_ASIDE_BOUNDED_LOAD] = aside.get(SET_ASIDE_BOUNDED_LOAD, 0) + 1
+            continue
 
         free = c.free_slots
         if free > 0:
@@ -711,7 +708,7 @@ def _select_cost(fleet: _Fleet) -> _Scored:
             wait += service / ((running if running > 0 else 0) + 1)
 
         est = wait + load + prefill
-        if matched:
+        if matched:  # a KV penalty of 0 is not added (x + 0.0 == x: the same sum)
             kv = c.kv_usage
             if kv is not None and kv > threshold:
                 if waived is None:
