@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from pharos.config import DEFAULT_DRAIN_GRACE, DEFAULT_DRAIN_TIMEOUT, load_config
+from pharos.workers import STOP_MARGIN
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "contrib/systemd/pharos.service"
@@ -99,8 +100,9 @@ def test_unit_follows_twistd_conventions() -> None:
     stop = one(service, "TimeoutStopSec")
     assert stop.isdigit(), f"TimeoutStopSec={stop}: plain seconds expected"
     drain = load_config(UNIT_CONFIG).drain
-    assert int(stop) > DEFAULT_DRAIN_GRACE + DEFAULT_DRAIN_TIMEOUT
-    assert int(stop) > drain.grace + drain.timeout
+    # workers: N: the supervisor waits grace + timeout + STOP_MARGIN for its workers.
+    assert int(stop) > DEFAULT_DRAIN_GRACE + DEFAULT_DRAIN_TIMEOUT + STOP_MARGIN
+    assert int(stop) > drain.grace + drain.timeout + STOP_MARGIN
     for key, value in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
                        ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
                        ("CapabilityBoundingSet", "")]:
