@@ -34,6 +34,10 @@ def test_every_policy_serves_every_request_and_counts_agree() -> None:
         for _, counts in run.placement:
             assert sum(counts.values()) <= TINY.resident, policy
             assert all(0 <= n <= TINY.hosts for n in counts.values()), policy
+        if policy == "loaded-first":
+            assert run.cold_dispatches is None  # the harness's dispatch: no Pharos lease
+        else:
+            assert run.cold_dispatches is not None and 0 < run.cold_dispatches <= run.served
         row = summarize(TINY, run)
         assert row["loads_per_1000"] == 1000 * run.loads / run.requests
         tails = set(tail_models(TINY))
@@ -45,6 +49,19 @@ def test_same_seed_same_run() -> None:
     do not depend on how loaded the machine is)."""
     a, b = run_one(TINY, "cost", 5), run_one(TINY, "cost", 5)
     assert (a.loads, a.ttft, a.placement) == (b.loads, b.ttft, b.placement)
+
+
+def test_compressed_fleet_serves_everything_sooner() -> None:
+    """``compress``: the same fleet four times faster and the rate four times higher, Pharos
+    not told the memory (as ``bench compare``'s config): every request served, the config
+    named for both, and the fastest TTFT under the compressed 0.75 s load (the engines run
+    the compressed timings)."""
+    cfg = FleetConfig(hosts=2, models=4, requests=40, rate=1.0, compress=4.0,
+                      pharos_memory=False)
+    assert cfg.name == "ollama-2h-4m-x4-nomem"
+    run = run_one(cfg, "cost", 3)
+    assert run.served == 40
+    assert min(t for t in run.ttft if t is not None) < 0.75
 
 
 def test_tail_models_are_past_the_resident_copies() -> None:
