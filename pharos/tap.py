@@ -209,6 +209,7 @@ class PharosService(MultiService):
                 TreqTransport(self.client, self.peer_secret), Membership(config.peers),
                 reactor, restore=lambda data: restore_bytes(self.replicas, data, reactor))
             self.sched.on_prefix = node.push
+            self.ledger.on_reserve = node.kick
             self.metrics.peers = node
             self.pages.status_page.peers = node
             self.restore_sources.append(node.pull_all)

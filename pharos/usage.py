@@ -34,7 +34,7 @@ import enum
 import io
 import math
 import zoneinfo
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, tzinfo
 from typing import Final, Literal, Protocol, TypeAlias, get_args
@@ -331,6 +331,9 @@ class Ledger:
         self._tenant_reserved: dict[tuple[int, str], int] = {}
         #: Peers' open reservations by origin (their in-flight requests' held tokens).
         self.peers: dict[str, PeerReserved] = {}
+        #: Called after a reservation against a limit is made (``PeerNode.kick``: peers
+        #: learn of it on the next reactor turn, not the next tick).
+        self.on_reserve: Callable[[], None] | None = None
         self._day: int | None = None
         self._day_start = math.inf
         self._day_end = -math.inf
@@ -510,6 +513,8 @@ class Ledger:
                 return Refusal(budget, max(1.0, self._day_end - self.clock.seconds()))
         _bump(self._key_reserved, (day, key), tokens)
         _bump(self._tenant_reserved, (day, tenant), tokens)
+        if self.on_reserve is not None and (key_limit is not None or tenant_limit is not None):
+            self.on_reserve()
         return Reservation(key, tenant, day, tokens)
 
     def _close(self, reservation: Reservation) -> bool:

@@ -17,7 +17,17 @@ ago (W1 behind three instances: two instances put one new root into two small ca
 the copies cascade). A dispatch that puts a root into a cache taken to lack it
 (``PrefixOp.moved``) is not left for the tick: a delta goes to every peer on the next reactor
 turn (several such dispatches in one turn share it; a peer with a delta outstanding gets
-one as soon as that is answered).
+one as soon as that is answered). So does a reservation against a daily budget
+(``Ledger.on_reserve`` → ``kick``): quotas are exact to one in-flight request per key per
+instance only if siblings learn of it before the next request for that key.
+
+Idle, nothing is sent: a tick whose delta would carry no op and the same fingerprint, gauges,
+reservations, cells and retention as the last delta that peer answered 200 is skipped
+(``Peer.idle``), except that a keep-alive goes every ``KEEPALIVE`` seconds (well inside the
+receivers' ``PEER_SILENCE_SEC``, so a live idle peer is never taken for gone, and a gone one
+still is). A keep-alive carries the gauges and reservations (absolute, they refresh the
+receiver's silence clock) but no cells or retention: those it already has. A failed or
+refused delta forgets what was acknowledged, so the next tick sends everything again.
 
 What arrives is merged by the modules that own it (``Scheduler.merge_gauges`` /
 ``merge_prefix`` / ``forget``, ``Ledger.merge`` / ``merge_reserved``); the node only moves
@@ -46,13 +56,16 @@ from twisted.web.http_headers import Headers
 from pharos.peer.membership import DNS_INTERVAL, Membership
 from pharos.peer.wire import Delta, ProtoMismatch, WireError, decode, encode
 from pharos.prefix import PrefixOp
-from pharos.sched import GaugeError, Scheduler
+from pharos.sched import PEER_SILENCE_SEC, GaugeError, Scheduler
 from pharos.usage import Ledger
 
 log = Logger()
 
 #: Seconds between deltas to one peer (spec §12).
 TICK: Final = 0.2
+#: Seconds between keep-alives to an idle peer (a quarter of ``sched.PEER_SILENCE_SEC``: three
+#: may be lost before the receiver takes this instance for gone).
+KEEPALIVE: Final = PEER_SILENCE_SEC / 4
 #: Prefix ops waiting for one peer's next delta; more are dropped (spec §12: 10k).
 MAX_PENDING: Final = 10_000
 #: Seconds a delta may take before it is abandoned (the next tick sends a fresh one).
@@ -123,6 +136,10 @@ class Peer:
     loop: LoopingCall | None = None
     outstanding: Deferred[Any] | None = None
     skipped: int = 0  # ticks skipped while a delta was outstanding
+    idle: int = 0  # ticks skipped because nothing changed since the acknowledged delta
+    keepalives: int = 0  # deltas sent only to say this instance is alive
+    sent_at: float | None = None  # when the last delta went (this process's clock)
+    acked: tuple[object, ...] | None = None  # the state the last 200-answered delta carried
     origin: str | None = None  # its Pharos-Origin, once it answered
     myself: bool = False  # it answered with this instance's origin
     heard_at: float | None = None  # the last successful exchange (this process's clock)
@@ -258,56 +275,94 @@ class PeerNode(Service):
                 self._flush_call is None or not self._flush_call.active()):
             self._flush_call = self.clock.callLater(0, self._flush)
 
-    def _flush(self) -> None:
-        """A delta to every peer now (a root moved): those with one outstanding get theirs
-        when it is answered. Never raises."""
+    def _flush(self, every: bool = False) -> None:
+        """A delta to every peer now (a root moved; ``every``: a reservation changed, so
+        peers without ops too): those with one outstanding get theirs when it is answered.
+        Never raises."""
         self._flush_call = None
         for peer in list(self.peers.values()):
-            if peer.myself or peer.loop is None or not (peer.dispatched or peer.pending):
+            if peer.myself or peer.loop is None or not (
+                    every or peer.dispatched or peer.pending):
                 continue
             if peer.outstanding is not None:
                 peer.flush = True
                 continue
-            peer.flushed += 1
-            self._tick(peer)
+            if self._tick(peer):
+                peer.flushed += 1
 
-    def delta(self, ops: list[PrefixOp], leaving: bool = False,
-              dispatched: list[PrefixOp] | None = None) -> Delta:
-        """This instance's delta now: absolute gauges and recent cells, the given ops and
-        dispatches."""
-        self.seq += 1
+    def kick(self) -> None:
+        """Something peers must learn promptly changed (a reservation against a budget): a
+        delta to every peer on the next reactor turn, as for a moved root."""
+        if self.running and not self.leaving and (
+                self._flush_call is None or not self._flush_call.active()):
+            self._flush_call = self.clock.callLater(0, self._flush, True)
+
+    def state(self) -> tuple[object, ...]:
+        """What a delta carries besides ops, compared to skip idle ticks: (fingerprint,
+        gauges with ``reserved``, cells, retention)."""
         gauges: dict[str, Any] = dict(self.sched.export_gauges())
         gauges["reserved"] = self.ledger.export_reserved()
-        return Delta(self.origin, self.fingerprint(), self.seq, leaving, gauges,
-                     self.ledger.export_recent(), tuple(ops),
+        return (self.fingerprint(), gauges, self.ledger.export_recent(),
+                tuple(self.sched.roots.export_retention(self._key_of)))
+
+    def delta(self, ops: list[PrefixOp], leaving: bool = False,
+              dispatched: list[PrefixOp] | None = None,
+              state: tuple[object, ...] | None = None, keepalive: bool = False) -> Delta:
+        """This instance's delta now: absolute gauges and recent cells, the given ops and
+        dispatches (a keep-alive: gauges only)."""
+        self.seq += 1
+        fp, gauges, cells, retention = self.state() if state is None else state
+        return Delta(self.origin, fp, self.seq, leaving, gauges,  # type: ignore[arg-type]
+                     () if keepalive else cells, tuple(ops),  # type: ignore[arg-type]
                      dispatched=tuple(dispatched or ()),
-                     retention=tuple(self.sched.roots.export_retention(self._key_of)))
+                     retention=None if keepalive else retention)  # type: ignore[arg-type]
 
     def _key_of(self, tid: int) -> str | None:
         targets = self.sched.state.targets
         return targets[tid].key if 0 <= tid < len(targets) else None
 
-    def _tick(self, peer: Peer) -> None:
-        """One peer's tick; never raises (a LoopingCall stops for good on an error)."""
+    def _tick(self, peer: Peer) -> bool:
+        """One peer's tick: True when a delta went. Nothing goes when nothing changed since
+        the delta the peer acknowledged, unless a keep-alive is due. Never raises (a
+        LoopingCall stops for good on an error)."""
         try:
             if peer.myself:
-                return
+                return False
             if peer.outstanding is not None:
                 peer.skipped += 1
-                return
+                return False
+            state = self.state()
+            unchanged = not (peer.pending or peer.dispatched) and state == peer.acked
+            now = self.clock.seconds()
+            if unchanged and peer.sent_at is not None and 0 <= now - peer.sent_at < KEEPALIVE:
+                peer.idle += 1
+                return False
             ops, peer.pending = peer.pending, []
             sent, peer.dispatched = peer.dispatched, []
             peer.flush = False
-            self._send(peer, encode(self.delta(ops, dispatched=sent)))
+            if unchanged:
+                peer.keepalives += 1
+            self._send(peer, encode(self.delta(ops, dispatched=sent, state=state,
+                                               keepalive=unchanged)), state)
+            return True
         except Exception:
             log.failure("peers: building a delta for {member} failed", member=peer.member)
+            return False
 
-    def _send(self, peer: Peer, body: bytes) -> Deferred[None]:
+    def _send(self, peer: Peer, body: bytes,
+              state: tuple[object, ...] | None = None) -> Deferred[None]:
         d = self.transport.post_delta(peer.member, body)
         d.addTimeout(DELTA_TIMEOUT, self.clock)
         peer.outstanding = d
-        done: Deferred[None] = d.addCallbacks(lambda r: self._answered(peer, r),
-                                              lambda f: self._failed(peer, f))
+        peer.sent_at = self.clock.seconds()
+        peer.acked = None  # until this one is answered 200
+
+        def answered(reply: Reply) -> None:
+            self._answered(peer, reply)
+            if reply.code == 200 and peer.outstanding is d:
+                peer.acked = state
+
+        done: Deferred[None] = d.addCallbacks(answered, lambda f: self._failed(peer, f))
 
         def clear(_: object) -> None:
             if peer.outstanding is d:
@@ -524,7 +579,8 @@ class PeerNode(Service):
                 "failing": p.failing, "proto_mismatch": p.proto_mismatch,
                 "pending_ops": len(p.pending) + len(p.dispatched),
                 "dropped_ops": p.dropped_ops, "early_deltas": p.flushed,
-                "skipped_ticks": p.skipped, "snapshots_pulled": p.pulls,
+                "skipped_ticks": p.skipped, "idle_ticks": p.idle,
+                "keepalives": p.keepalives, "snapshots_pulled": p.pulls,
             } for p in self.peers.values()],
             "origins": {o: {"last_heard": s.heard_at, "leaving": s.leaving,
                             "fingerprint_mismatch": o in self.fingerprint_mismatch}

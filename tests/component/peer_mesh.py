@@ -122,6 +122,7 @@ def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
                     restore=(lambda data: restore(inst, data)) if restore else None)
     inst = Instance(member, state, sched, ledger, node)
     sched.on_prefix = node.push
+    ledger.on_reserve = node.kick
     net.nodes[member] = node
     state.set_backends([(specs or {}).get(url) or BackendSpec(url=url) for url in backends])
     state.service.startService()

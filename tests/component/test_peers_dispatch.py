@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from pharos.config import Backend as BackendSpec
-from pharos.peer.node import TICK
+from pharos.peer.node import KEEPALIVE, TICK
 from pharos.peer.wire import decode
 from pharos.prefix import BYTES_PER_TOKEN, chain
 from pharos.sched import Lease, SchedRequest
@@ -161,7 +161,7 @@ def test_a_peer_with_a_delta_outstanding_gets_the_dispatch_once_it_answers(
     not a tick later."""
     (a, b, c), net, clock = mesh
     net.hold.add("b:1")
-    clock.advance(TICK)  # A's (and C's) delta to B is now outstanding
+    clock.advance(KEEPALIVE + TICK)  # A's (and C's) keep-alive to B is now outstanding
     assert net.held
     net.hold.discard("b:1")
     first = got(a.sched.acquire("k", 1, request("q1", 1)))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from pharos.peer.node import DELTA_TIMEOUT, TICK, PeerNode
+from pharos.peer.node import DELTA_TIMEOUT, KEEPALIVE, TICK, PeerNode
 from pharos.peer.wire import decode
 from pharos.prefix import EMPTY, Chain, PrefixOp
 from pharos.sched import Lease, SchedRequest
@@ -176,10 +176,17 @@ def test_partition_lowers_quality_but_never_stops_serving_and_heal_merges_usage_
 def test_a_slow_peer_delays_only_itself(
         mesh: tuple[list[Instance], MemoryNetwork, Clock]) -> None:
     """C takes A's delta and never answers: A skips C's ticks (no delta piles up) while B
-    keeps getting every delta; after the delta timeout A sends C a fresh one."""
+    keeps getting every delta (A has a prefix op for each tick); after the delta timeout A
+    sends C a fresh one."""
     insts, net, clock = mesh
     a, b, c = insts
     net.hold.add("c:1")
+
+    def tick(clock: Clock, n: int = 1) -> None:
+        for i in range(n):
+            a.node.push(PrefixOp(f"{URL}#m", (i + 1,), clock.seconds()))
+            clock.advance(TICK)
+
     tick(clock)
 
     def to_b() -> int:
@@ -227,7 +234,7 @@ def test_proto_and_fingerprint_mismatches_are_flagged(
         return 409, b"peer proto 2, this instance speaks 1"
 
     b.node.receive_bytes = mismatch  # type: ignore[method-assign]
-    tick(clock)
+    clock.advance(KEEPALIVE + TICK)  # idle: a keep-alive goes within this
     assert a.node.peers["b:1"].proto_mismatch
     b.node.receive_bytes = real  # type: ignore[method-assign]
     tick(clock)
