@@ -156,3 +156,36 @@ def test_a_change_goes_at_the_next_tick_and_only_then(
     lease.release(None)
     clock.advance(WORKER_TICK)
     assert b.sched.peer_inflight(lease.target.id) == 0
+
+
+def test_a_delta_carries_only_the_cells_that_changed_and_all_after_a_failure(
+        pair: tuple[Instance, Instance, MemoryNetwork, Clock]) -> None:
+    """With usage for three keys acknowledged, a request for one key sends only that key's
+    cells; after a delta that failed, the next one carries every cell again, and B's totals
+    match A's throughout."""
+    a, b, net, clock = pair
+    for key in ("k1", "k2", "k3"):
+        held = a.ledger.reserve(key, "t", 10, None)
+        assert isinstance(held, Reservation)
+        a.ledger.settle(held, "m", 5, 0, 5)
+    clock.advance(2 * WORKER_TICK)
+    held = a.ledger.reserve("k2", "t", 10, None)
+    assert isinstance(held, Reservation)
+    a.ledger.settle(held, "m", 7, 0, 3)
+    net.delivered.clear()
+    clock.advance(WORKER_TICK)
+    [body] = sent_by(net, a)
+    assert {c["key"] for c in decode(body).cells} == {"k2"}
+    assert b.ledger.spent_today(key="k2") == 20
+    net.cut.add("b:1")
+    held = a.ledger.reserve("k1", "t", 10, None)
+    assert isinstance(held, Reservation)
+    a.ledger.settle(held, "m", 1, 0, 1)
+    clock.advance(WORKER_TICK)
+    net.cut.discard("b:1")
+    net.delivered.clear()
+    clock.advance(WORKER_TICK)
+    full = decode(sent_by(net, a)[0])
+    assert {c["key"] for c in full.cells} == {"k1", "k2", "k3"}
+    for key in ("k1", "k2", "k3"):
+        assert b.ledger.spent_today(key=key) == a.ledger.spent_today(key=key)
