@@ -24,6 +24,13 @@ differ. The full 32-byte digest is chained; each link's key is its first 8 bytes
 * ``extra_i`` is the canonical JSON of the message's other fields (``tool_calls``,
   ``tool_call_id``, ``name``, Ollama's ``images``...), empty when there are none, so two
   assistant turns that differ only in their tool calls don't share a link. It adds no length.
+* ``cache_control`` (Anthropic's prompt-caching marker, also sent in OpenAI-shaped bodies) is
+  left out: every ``"cache_control"`` member of a non-string content and of the tools (cut
+  out of their canonical JSON, not encoded again), and a message's own. No engine renders it
+  into the prompt, and Claude Code moves it to the newest block on every turn. A content that
+  is one text block and its marker hashes as that text, the string Claude Code sends for that
+  message on the next turn. Only a message or tools carrying the marker hash any differently
+  from before (state files and peers keep their hashes).
 * The tools' canonical JSON bytes count towards the first link's length: the engine renders and
   caches them with the system message (tools and the system message are one unit, §6).
 * A completion or Ollama generate prompt is split into fixed 1 KiB blocks of its UTF-8 bytes, one
@@ -58,6 +65,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +218,56 @@ def _head(kind: bytes, model: str, tools: bytes) -> bytes:
     return hashlib.sha256(SEED + _field(kind) + _field(_utf8(model)) + _field(tools)).digest()
 
 
+#: The annotation a chain leaves out: Anthropic's (and OpenAI-shaped clients' copies of it)
+#: prompt-caching marker, which no engine renders into the prompt. As a JSON key it is this
+#: byte string (a quote inside a string value is escaped, so text that mentions it is not).
+_ANNOTATION: Final = b'"cache_control":'
+#: Message fields that are not ``extra``: its role, its content and the annotation.
+_NOT_EXTRA: Final = frozenset({"role", "content", "cache_control"})
+
+
+#: A marker's value as canonical JSON: an object without nested objects or arrays (Anthropic's
+#: ``{"type":"ephemeral"}``, with ``"ttl"`` or not), a string without escapes, or a scalar.
+_MARKER_VALUE: Final = re.compile(rb'\{[^{}\[\]\\]*\}|"[^"\\]*"|[-+.0-9a-zA-Z]+')
+
+
+def _unmarked(data: bytes) -> bytes | None:
+    """Canonical JSON bytes without their ``cache_control`` members: each member and one comma
+    beside it cut out, which gives the very bytes of the value encoded without them (sorted
+    keys, no spaces) without encoding it again. None for a marker value it does not read."""
+    out: list[bytes] = []
+    start = 0
+    i = data.find(_ANNOTATION)
+    while i >= 0:
+        m = _MARKER_VALUE.match(data, i + len(_ANNOTATION))
+        if m is None:
+            return None
+        j = m.end()
+        if data[j : j + 1] == b",":
+            j += 1  # {"cache_control":V,"text":...}
+        elif data[i - 1 : i] == b",":
+            i -= 1  # {...,"cache_control":V}
+        out.append(data[start:i])
+        start = j
+        i = data.find(_ANNOTATION, j)
+    out.append(data[start:])
+    return b"".join(out)
+
+
+def _lone_text(content: object) -> str | None:
+    """The text of a content that is one text block and its ``cache_control`` marker: llama.cpp
+    renders a single text part as the plain string, and Claude Code sends the message whose
+    block carried the marker as a string once the marker has moved on. None otherwise."""
+    if type(content) is list and len(content) == 1:
+        block = content[0]
+        if type(block) is dict and len(block) == 3 and block.get("type") == "text" \
+                and "cache_control" in block:
+            text = block.get("text")
+            if isinstance(text, str):
+                return text
+    return None
+
+
 #: A role's length-prefixed field, for the roles clients send (computed once each).
 _ROLE_FIELDS: Final[dict[str, bytes]] = {
     r: len(r).to_bytes(_LEN, "big") + r.encode() for r in
@@ -225,6 +283,8 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
     concatenation). The common message (a known role, a string content, nothing else) takes
     the short path: half of a 16-message chain's time was per-message overhead."""
     tools_bytes = _canonical(tools) if tools else b""
+    if _ANNOTATION in tools_bytes:
+        tools_bytes = _unmarked(tools_bytes) or tools_bytes
     prev = _head(b"chat", model, tools_bytes)
     total = len(tools_bytes)
     keys: list[int] = []
@@ -238,8 +298,9 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
             role = message.get("role", "")
             content = message.get("content")
             if len(message) - ("role" in message) - ("content" in message):
-                extra = {k: v for k, v in message.items() if k not in ("role", "content")}
-                extra_field = _field(_canonical(extra))
+                extra = {k: v for k, v in message.items() if k not in _NOT_EXTRA}
+                if extra:
+                    extra_field = _field(_canonical(extra))
         else:
             role, content = "", message
         role_field = roles.get(role) if type(role) is str else None
@@ -253,13 +314,22 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
             total += n
         else:
             h = sha256(prev + role_field)
-            if isinstance(content, str):  # a str subclass
+            data = b""
+            if not isinstance(content, str):
+                data = _canonical(content)
+                if _ANNOTATION in data:  # a cache_control marker: hashed without it
+                    lone = _lone_text(content)
+                    if lone is not None:
+                        content = lone
+                    else:
+                        data = _unmarked(data) or data
+            if isinstance(content, str):  # a str subclass, or a marked lone text block
                 text = _utf8(content)
                 h.update((len(text) + 1).to_bytes(_LEN, "big") + b"s")
                 h.update(text)
                 total += len(text)
             else:
-                h.update(_field(b"j" + _canonical(content)))
+                h.update(_field(b"j" + data))
                 total += _text_len(content)
         h.update(extra_field)
         prev = h.digest()

@@ -19,8 +19,10 @@ import treq
 from twisted.web.http_headers import Headers
 
 from pharos.config import Key
+from pharos.prefix import BYTES_PER_TOKEN
 from pharos.proxy.auth import digest
 from pharos.proxy.done import Done
+from pharos.proxy.parse import parse
 from tests.clients.recorded_engine import start_recorded_llamacpp
 from tests.clients.sink import KEY, OTHER_KEY, Call, all_captures, load
 from tests.component.fleet import start_fleet
@@ -28,6 +30,10 @@ from tests.component.fleet import start_fleet
 LLAMA = "llama3.2:3b"
 SECRET = "phk-client-replay"
 #: Routes whose replies carry usage Pharos meters (embeddings: the engines here refuse them).
+#: Clients whose next turn repeats the earlier turn's messages as the engine's prompt has them
+#: (Claude Code only once the prefix chain leaves out the cache_control marker it moves to
+#: the newest message every turn): the next turn is predicted from the whole earlier turn.
+WHOLE_TURN = frozenset({"claude-code"})
 GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages",
                         "/v1/responses", "/api/chat", "/api/generate"})
 
@@ -110,7 +116,8 @@ async def test_capture_replays(client: str, version: str) -> None:
     calls = load(client, version)
     results = await replay(calls)
     chains = 0
-    seen: list[tuple[str, list[Any], Done]] = []
+    whole_turns = 0
+    seen: list[tuple[str, list[Any], Done, Call]] = []
     for i, (call, status, body, done) in enumerate(results):
         where = f"{client} {version} call #{i} {call.method} {call.path}"
         assert status == call.status, f"{where}: {status} (recorded {call.status}): {body!r}"
@@ -130,8 +137,9 @@ async def test_capture_replays(client: str, version: str) -> None:
         if convo is None:
             continue
         model, messages = convo
-        earlier = [d for m, msgs, d in seen
-                   if m == model and len(msgs) < len(messages) and messages[:len(msgs)] == msgs]
+        extended = [(d, c) for m, msgs, d, c in seen
+                    if m == model and len(msgs) < len(messages) and messages[:len(msgs)] == msgs]
+        earlier = [d for d, _ in extended]
         if earlier:
             # A recorded engine reports the same cached tokens whatever it is sent, so it may
             # correct a prediction (wrong_prediction), which rightly drops it for the turns
@@ -141,10 +149,23 @@ async def test_capture_replays(client: str, version: str) -> None:
                 f"{where}: the next turn was not predicted"
             chains += done.predicted_tokens > 0
             assert done.target == earlier[-1].target, f"{where}: left its prefix's engine"
-        seen.append((model, messages, done))
+            if client in WHOLE_TURN and not corrected:
+                # The whole earlier turn is predicted, not the turn less its last message
+                # (a prediction is capped at the request's own estimated prompt tokens).
+                before = parse(extended[-1][1].body.encode(), call.path).chain
+                now = parse(call.body.encode(), call.path)
+                assert now.chain.keys[:len(before)] == before.keys, \
+                    f"{where}: the earlier turn's chain is not a prefix of this one's"
+                whole = min(before.total_bytes // BYTES_PER_TOKEN, now.prompt_tokens)
+                assert done.predicted_tokens == whole, \
+                    f"{where}: predicted {done.predicted_tokens} tokens, not the whole " \
+                    f"earlier turn's {whole}"
+                whole_turns += 1
+        seen.append((model, messages, done, call))
     multi_turn = any(conversation(c) and len(conversation(c)[1]) > 1  # type: ignore[index]
                      for c in calls)
     assert chains or not multi_turn, f"{client}: no prefix chain checked"
+    assert whole_turns or client not in WHOLE_TURN, f"{client}: no whole-turn prediction checked"
 
 
 def test_every_driven_client_has_a_capture() -> None:

@@ -95,6 +95,134 @@ def test_other_message_fields_are_part_of_the_link() -> None:
     assert chain("m", a, None, None) != chain("m", b, None, None)
 
 
+#: Keys the chain gave before ``cache_control`` was left out (commit f7eac52): a message
+#: without the marker must hash as it always has (state files and peers carry these keys).
+_PINNED_TOOLS = [{"name": "Read", "description": "read a file",
+                  "input_schema": {"type": "object"}}]
+_PINNED_MESSAGES: list[object] = [
+    {"role": "system", "content": [{"type": "text", "text": "sys A"},
+                                   {"type": "text", "text": "sys B"}]},
+    {"role": "user", "content": "h\u00e9llo"},
+    {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                       "input": {"path": "x"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                  "content": [{"type": "text", "text": "data"}]}]},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c", "type": "function",
+                     "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c", "content": "ok"},
+    {"role": "user", "content": [{"type": "text", "text": "look"},
+                                 {"type": "image_url", "image_url": {"url": "data:x"}}]},
+]
+_PINNED_KEYS = (0x36bda49dac0c2ff6, 0x130cf796b49d15c, 0xaefbaa6496fb36cf, 0x73d0d68f486f1297,
+                0x3b8563c00a41b654, 0x55ad4e12ec0b1766, 0x578d05fdbcad17e6, 0x380df6687f1db8c5)
+
+
+def test_messages_without_cache_control_hash_as_before() -> None:
+    """Strings, one-text-block lists, tool use and results, tool calls, images and tools with
+    no ``cache_control`` give the very keys and lengths they gave before the marker was left
+    out: no state file or mixed-version peer is invalidated."""
+    ch = chain("m", _PINNED_MESSAGES, _PINNED_TOOLS, None)
+    assert ch.keys == _PINNED_KEYS
+    assert ch.ends == (88, 94, 96, 96, 96, 96, 98, 102)
+
+
+def _marked(text: str) -> list[object]:
+    return [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]
+
+
+def test_claude_code_moving_cache_control_keeps_the_chain() -> None:
+    """Claude Code marks the newest message's block with cache_control and, next turn, sends
+    that message as a plain string with the marker on the new last message: turn 1's chain
+    is a prefix of turn 2's, so turn 2 is predicted from the whole of turn 1."""
+    system = {"role": "system", "content": [
+        {"type": "text", "text": "billing header"},
+        {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}]}
+    first = {"role": "user", "content": [{"type": "text", "text": "<reminder>"},
+                                         {"type": "text", "text": "do the task"}]}
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}},
+             {"name": "Read", "input_schema": {"type": "object"},
+              "cache_control": {"type": "ephemeral"}}]
+    turn1 = [system, first, {"role": "system", "content": _marked("# Environment")}]
+    turn2 = [system, first, {"role": "system", "content": "# Environment"},
+             {"role": "assistant", "content": [{"type": "text", "text": "partial"}]},
+             {"role": "user", "content": _marked("Resume.")}]
+    a, b = chain("m", turn1, tools, None), chain("m", turn2, tools, None)
+    assert len(a) == 3 and b.keys[:3] == a.keys and b.ends[:3] == a.ends
+    # The marked message hashes as the string the client sends for it once unmarked.
+    bare = [system, first, {"role": "system", "content": "# Environment"}]
+    assert chain("m", bare, tools, None) == a
+
+
+def test_cache_control_is_left_out_wherever_it_is() -> None:
+    """The marker on a block of several, on a tool result's block, on an OpenAI-shaped
+    message and on a tool changes nothing; the rest of the block still counts, and text that
+    merely mentions the marker is hashed as it is."""
+    cc = {"type": "ephemeral"}
+    two = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    result = [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text", "text": "out"}]}]
+    cases = [
+        ([{"role": "user", "content": [two[0], {**two[1], "cache_control": cc}]}],
+         [{"role": "user", "content": two}]),
+        ([{"role": "user", "content": [{**result[0], "cache_control": cc,
+                                        "content": [{"type": "text", "text": "out",
+                                                     "cache_control": cc}]}]}],
+         [{"role": "user", "content": result}]),
+        ([{"role": "user", "content": "hi", "cache_control": cc}],
+         [{"role": "user", "content": "hi"}]),
+        ([{"role": "tool", "tool_call_id": "c", "content": "x", "cache_control": cc}],
+         [{"role": "tool", "tool_call_id": "c", "content": "x"}]),
+    ]
+    for marked, plain in cases:
+        assert chain("m", marked, None, None) == chain("m", plain, None, None), marked
+    tool = {"type": "function", "function": {"name": "f"}}
+    one = msgs(("user", "hi"))
+    assert chain("m", one, [{**tool, "cache_control": cc}], None) == chain("m", one, [tool], None)
+    # An image block keeps the list (only a lone text block becomes its text).
+    image = [{"type": "image", "source": {"type": "url", "url": "u"}, "cache_control": cc}]
+    assert chain("m", msgs(("user", image)), None, None) == \
+        chain("m", msgs(("user", [{"type": "image", "source": {"type": "url", "url": "u"}}])),
+              None, None)
+    mention = '{"cache_control": {"type": "ephemeral"}}'
+    assert chain("m", msgs(("user", [{"type": "text", "text": mention}])), None, None) != \
+        chain("m", msgs(("user", [{"type": "text", "text": ""}])), None, None)
+
+
+_MARKERS = st.sampled_from([{"type": "ephemeral"}, {"ttl": "1h", "type": "ephemeral"},
+                            {"type": "ephemeral", "ttl": "5m"}, {}, None, True, "x"])
+_KEYS = st.sampled_from(["type", "text", "content", "input", "a", "zz", "cache_controls",
+                         '"cache_control":'])
+_TEXT = st.text(max_size=8) | st.just('"cache_control":{"type":"ephemeral"},')
+
+
+def _json_with_markers(leaves: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=4)
+        | st.builds(lambda d, m, put: {**d, "cache_control": m} if put else d,
+                    st.dictionaries(_KEYS, inner, max_size=4), _MARKERS, st.booleans()),
+        max_leaves=12)
+
+
+def _strip(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_with_markers(st.none() | st.booleans() | st.integers() | _TEXT))
+def test_cutting_markers_out_equals_encoding_without_them(value: object) -> None:
+    """Cutting the ``cache_control`` members out of canonical JSON bytes gives exactly the
+    canonical JSON of the value without them, wherever they are, whatever text mentions them."""
+    from pharos.prefix import _canonical, _unmarked
+    assert _unmarked(_canonical(value)) == _canonical(_strip(value))
+
+
 def test_completion_prompt_in_1kib_blocks() -> None:
     """A prompt is chained in 1 KiB blocks of its UTF-8 bytes: a longer prompt with the same
     start shares the whole blocks, a one-string list is that string, and a batch has no chain."""
