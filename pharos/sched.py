@@ -713,7 +713,9 @@ class Scheduler:
             now = self.state.clock.seconds()
             self.index.record(lease.chain, t.id, t.gen, now)
             self._push(lease.chain, t, now, False)
-        self.kick()
+        # Its prefill is off the queue (holds weigh queued prefill), but no slot is free:
+        # target sets found full stay so.
+        self._kick()
 
     def learn(self, lease: Lease, sample: Sample) -> None:
         """What the reply teaches the prefix index (spec §6): record a success, correct a

@@ -188,3 +188,16 @@ def test_a_view_expiring_lets_a_waiter_be_decided_again() -> None:
     assert sched.decisions > n
     assert d.called or later.called
     assert isinstance(state, State)
+
+
+def test_a_first_byte_costs_no_decision_when_the_set_is_full() -> None:
+    """A reply's first byte takes its prefill off the queue but frees no slot: the waiter of
+    the full set is not decided again (it was, at every first byte); the release serves it."""
+    sched, _, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
+    holder = granted(sched.acquire("k", 1, req()))
+    waiter = sched.acquire("k", 1, req(seed=2))
+    n = sched.decisions
+    holder.first_byte()
+    assert sched.decisions == n and not waiter.called
+    holder.release()
+    assert granted(waiter).waited
