@@ -359,6 +359,11 @@ class Scheduler:
         #: the one dispatched (its swap-in): on a host that holds one model at a time it is the
         #: loaded one until a round says otherwise.
         self.host_model: dict[str, tuple[str, float, float]] = {}
+        #: Per host (URL), the idle models cold dispatches there since its last round were
+        #: priced as pushing out of its memory (``Candidate.victims``), and when the last was:
+        #: taken as cold until a round says what is loaded (a request for one sent there
+        #: meanwhile pays a load that was priced as warm).
+        self.host_evicted: dict[str, tuple[frozenset[str], float]] = {}
         #: Targets whose load failed, with their host's full round then: no load is tried
         #: there again until the next full round.
         self.load_failed: dict[int, int] = {}
@@ -652,6 +657,18 @@ class Scheduler:
             hm = self.host_model.get(b.url)
             self.host_model[b.url] = (
                 target.model, now, hm[2] if hm is not None and hm[0] == target.model else now)
+            he = self.host_evicted.get(b.url)
+            gone = (he[0] if he is not None and (b.full_at is None or b.full_at <= he[1])
+                    else frozenset())  # the earlier ones, while no full round has come since
+            if placed.cold[target.id]:
+                won = next((c for c in placed.candidates if c.target_id == target.id), None)
+                if won is not None:
+                    gone |= frozenset(won.victims)
+            gone -= {target.model}  # loaded there again
+            if gone:
+                self.host_evicted[b.url] = (gone, now)
+            elif he is not None:
+                del self.host_evicted[b.url]
         lease.root_ahead = self._dispatched(req, target)
         if self.on_route is not None:
             self.on_route(req, placed)
@@ -911,6 +928,7 @@ class Scheduler:
         state = self.state
         view_at, now = state.view_at, state.clock.seconds()
         kept, kept_matched, host_model = self._cands, self._matched, self.host_model
+        host_evicted = self.host_evicted
         peer_inflight = self._peer_inflight if self.peers else None
         for t in targets:
             tid = t.id
@@ -936,6 +954,10 @@ class Scheduler:
                     and (hm := host_model.get(b.url)) is not None
                     and hm[0] != t.model and self._swapped_out(t, v, hm)):
                 c = self._as_cold(t, v, c)
+            elif (host_evicted and c.warm is not False and not inflight
+                    and (he := host_evicted.get(b.url)) is not None and t.model in he[0]
+                    and (b.full_at is None or b.full_at <= he[1])):
+                c = self._as_cold(t, v, c)  # priced as pushed out by a load since the round
             if matches and (m := matches.get(tid)) is not None:
                 if m.matched_bytes >= root_bytes:
                     held.append(tid)

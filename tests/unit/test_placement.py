@@ -211,6 +211,33 @@ def test_no_idle_victim_the_load_waits_as_before() -> None:
     waiting.addCallback(lambda lease: lease.release())
 
 
+def test_a_loads_victim_is_cold_on_its_host_until_the_next_full_round() -> None:
+    """A cold load priced as pushing an idle model out of a full host: until the host's next
+    full round, a request for that model sees it cold there (the engine unloaded it; the last
+    round still lists it), and a full round listing it loaded makes it warm again (found by
+    ``pharos bench placement``: requests sent to a victim Pharos took as warm paid loads)."""
+    sizes = {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB}
+    sched, state, clock = fleet({"http://h1:1": (ollama(["a", "b"], sizes), BackendSpec(
+        url="http://h1:1", kind="ollama", memory_gb=8, capacity=2))})
+    lease = granted(sched.acquire("k", 1, req("c")))
+    assert lease.cold
+    won = next(c for c in lease.decision.candidates if c.target_id == lease.target.id)
+    assert len(won.victims) == 1
+    victim = won.victims[0]
+    lease.release()
+    target = next(t for t in state.targets if t.model == victim)
+
+    def cold_now() -> bool:
+        r = req(victim)
+        return sched.decide(r, sched.targets(r)).cold[target.id]
+
+    for _ in range(4):  # rounds that read no residency: still cold
+        clock.advance(1.0)
+        assert cold_now()
+    clock.advance(1.0)  # the next full round still lists a and b loaded (the fake's /api/ps)
+    assert not cold_now()
+
+
 # --- item 2: replicas follow demand, within a wait bound ------------------------------------
 
 def test_the_replica_rule() -> None:
