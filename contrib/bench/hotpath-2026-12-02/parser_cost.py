@@ -11,15 +11,18 @@ Usage: python parser_cost.py [--n 20000]
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from typing import Any
 
-import httptools
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web._newclient import HTTP11ClientProtocol, Request
 from twisted.web.http_headers import Headers
+
+# Not a dependency of Pharos (the point of this script is to price it): `pip install httptools`.
+httptools: Any = importlib.import_module("httptools")
 
 BODY = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1764680000,"model":"tiny",'
         b'"choices":[{"index":0,"message":{"role":"assistant","content":"lorem"},'
