@@ -762,17 +762,29 @@ def _updated(old: int, new: int) -> int:
 # --- outcome -----------------------------------------------------------------------------------
 
 
-def classify(predicted_tokens: int | None, cached_tokens: int | None) -> Outcome:
+def classify(predicted_tokens: int | None, cached_tokens: int | None,
+             prompt_tokens: int | None = None, chain_tokens: int | None = None) -> Outcome:
     """The ``prefix`` outcome of §13: the prediction against the engine's cached tokens.
 
     ``unknown`` when the engine reported no cached tokens; without a prediction (None or 0),
     ``unpredicted_hit`` when anything was cached, else ``miss``; with one, ``wrong_prediction``
     when fewer than half the predicted tokens were cached (the one ``correct`` acts on), else
-    ``predicted_hit``."""
+    ``predicted_hit``.
+
+    The prediction is in the index's tokens (``BYTES_PER_TOKEN``), the cached count in the
+    engine's (2.8-6.2 bytes a token): with the engine's ``prompt_tokens`` and the chain's own
+    estimate of the whole prompt (``chain_tokens``, its bytes at ``BYTES_PER_TOKEN``) both
+    known, the two are compared as shares of the prompt, each in its own tokens, so a tokenizer
+    of many bytes a token does not turn a full hit into a wrong prediction (nor one of few
+    bytes a token a miss into a hit). Without them, as absolute counts."""
     if cached_tokens is None:
         return "unknown"
     if not predicted_tokens or predicted_tokens <= 0:
         return "unpredicted_hit" if cached_tokens > 0 else "miss"
-    if 2 * cached_tokens < predicted_tokens:
-        return "wrong_prediction"
-    return "predicted_hit"
+    if prompt_tokens and chain_tokens and prompt_tokens > 0 and chain_tokens > 0:
+        # cached / prompt < (predicted / chain) / 2, without division
+        share = min(predicted_tokens, chain_tokens)
+        wrong = 2 * cached_tokens * chain_tokens < share * prompt_tokens
+    else:
+        wrong = 2 * cached_tokens < predicted_tokens
+    return "wrong_prediction" if wrong else "predicted_hit"

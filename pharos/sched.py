@@ -751,7 +751,8 @@ class Scheduler:
         self.roots.learn(t.id, chain.ends[0] // BYTES_PER_TOKEN, lease.root_ahead,
                          sample.cached_tokens, now)
         predicted = lease.predicted_tokens or None
-        outcome = classify(predicted, sample.cached_tokens)
+        outcome = classify(predicted, sample.cached_tokens, sample.prompt_tokens,
+                           chain.total_bytes // BYTES_PER_TOKEN)
         lease.prefix = outcome
         self.outcomes[outcome] += 1
         if predicted is not None and lease.source is not None:

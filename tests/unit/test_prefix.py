@@ -467,6 +467,30 @@ def test_classify_table(predicted: int | None, cached: int | None, outcome: str)
     assert classify(predicted, cached) == outcome
 
 
+def test_classify_compares_shares_of_the_prompt_across_tokenizers() -> None:
+    """With the engine's prompt tokens and the chain's own estimate known, a prediction is
+    judged as a share of the prompt: a whole-prompt prediction on a tokenizer of 6 bytes a
+    token (index: 15,000 tokens, engine: 10,000) whose engine cached 70 % is a hit, not the
+    wrong prediction absolute counts made it (14,000 < 15,000); on one of 2.8 bytes a token,
+    42 % cached of a whole-prompt prediction is wrong, not the hit absolute counts made it.
+    Unknown counts keep the absolute judgement."""
+    assert classify(15_000, 7_000) == "wrong_prediction"
+    assert classify(15_000, 7_000, prompt_tokens=10_000, chain_tokens=15_000) == \
+        "predicted_hit"
+    assert classify(10_000, 6_000) == "predicted_hit"
+    assert classify(10_000, 6_000, prompt_tokens=14_286, chain_tokens=10_000) == \
+        "wrong_prediction"
+    # Half the prompt predicted, a quarter (engine tokens) cached: the boundary holds.
+    assert classify(5_000, 2_500, prompt_tokens=10_000, chain_tokens=10_000) == "predicted_hit"
+    assert classify(5_000, 2_499, prompt_tokens=10_000, chain_tokens=10_000) == \
+        "wrong_prediction"
+    for prompt, est in ((None, 100), (0, 100), (100, None), (100, 0)):
+        assert classify(100, 49, prompt, est) == "wrong_prediction"
+        assert classify(100, 50, prompt, est) == "predicted_hit"
+    assert classify(100, None, 100, 100) == "unknown"
+    assert classify(None, 5, 100, 100) == "unpredicted_hit"
+
+
 # --- property tests against a naive reference model --------------------------------------------
 
 
