@@ -36,7 +36,7 @@ def body(marked: bool) -> bytes:
                                      {"type": "text", "text": "do the task " * 100}]},
         {"role": "system", "content": "# Environment\n" + "- a fact\n" * 300},
     ]
-    for i in range(10):
+    for i in range(6):
         messages.append({"role": "assistant", "content": [{"type": "text",
                                                            "text": f"step {i} " * 120}]})
         messages.append({"role": "user", "content": f"result {i} " * 110})
