@@ -24,7 +24,7 @@ def body(marked: bool) -> bytes:
     """~32 KB of message text and 35 tools: about 8k tokens at 4 bytes a token."""
     def mark(block: dict[str, Any]) -> dict[str, Any]:
         return {**block, "cache_control": CC} if marked else block
-    tools = [{"name": f"tool_{i}", "description": "Does thing %d. " % i * 12,
+    tools = [{"name": f"tool_{i}", "description": f"Does thing {i}. " * 12,
               "input_schema": {"type": "object", "properties": {
                   "path": {"type": "string", "description": "a path"},
                   "count": {"type": "integer"}}, "required": ["path"]}} for i in range(35)]

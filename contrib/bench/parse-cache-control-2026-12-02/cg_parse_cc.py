@@ -8,9 +8,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_parse_cc import body  # noqa: E402
+from bench_parse_cc import body
 
-from pharos.proxy.parse import parse  # noqa: E402
+from pharos.proxy.parse import parse
 
 raw = body(sys.argv[1] == "marked")
 for _ in range(int(sys.argv[2])):
