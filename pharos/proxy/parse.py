@@ -158,6 +158,11 @@ def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> 
     inputs = body.get("input")
     if inputs is not None:
         size += _text_bytes(inputs)
+    # Anthropic's system prompt and a Responses request's instructions head the prompt too.
+    head = body.get("system") if path == "/v1/messages" else (
+        body.get("instructions") if path == "/v1/responses" else None)
+    if head is not None:
+        size += _text_bytes(head)
     tools = body.get("tools")
     if tools:
         size += len(json.dumps(tools))

@@ -35,6 +35,22 @@ def test_content_parts_tools_and_prompt_count() -> None:
     assert p.prompt_tokens == 2
 
 
+def test_a_system_prompt_or_instructions_count_toward_the_prompt() -> None:
+    """Anthropic's ``system`` field (a string or text blocks) and a Responses request's
+    ``instructions`` head the prompt, so they count in its size (Claude Code's system prompt
+    was left out: 10,463 estimated tokens for a 47,768-byte chain)."""
+    system = "s" * 400
+    for value in (system, [{"type": "text", "text": system, "cache_control": {"type": "x"}}]):
+        body = {"model": "m", "max_tokens": 8, "system": value,
+                "messages": [{"role": "user", "content": "abcd"}]}
+        assert parse(json.dumps(body).encode(), "/v1/messages").prompt_tokens == 101
+    body2 = {"model": "m", "instructions": system, "input": "abcd"}
+    assert parse(json.dumps(body2).encode(), "/v1/responses").prompt_tokens == 101
+    # Elsewhere a field named system is not prompt text.
+    body3 = {"model": "m", "system": system, "messages": [{"role": "user", "content": "abcd"}]}
+    assert parse(json.dumps(body3).encode(), "/v1/chat/completions").prompt_tokens == 1
+
+
 def test_streamed_chat_gets_include_usage_keeping_other_options() -> None:
     """A streamed chat that did not ask for usage gets it, other stream options kept."""
     raw = b'{"model":"m","stream":true,"stream_options":{"x":1},"messages":[]}'
