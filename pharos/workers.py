@@ -81,6 +81,10 @@ log = Logger()
 #: one in-flight request per worker. Each delta costs CPU on both sides (measured idle on the
 #: 2-core VM, 2026-12-02: 8.8 % of a core per worker at 20 ms, 5.5 % at 50 ms, against 0.2 %
 #: for one process), so this is the trade: requests shorter than it may overshoot a budget.
+#: Since then an idle tick sends nothing but a keep-alive every ``pharos.peer.node.KEEPALIVE``
+#: and a reservation against a budget goes on the next reactor turn (``PeerNode.kick``), so
+#: the tick now bounds only how late prefix records and gauges arrive
+#: (contrib/bench/workers-2026-12-02b).
 WORKER_TICK: Final = 0.05
 #: Restart backoff: the first restart after this many seconds, doubling up to the maximum.
 RESTART_MIN: Final = 1.0
