@@ -120,7 +120,8 @@ def test_bad_config_never_starts(tmp_path: Path) -> None:
                        capture_output=True, timeout=30, cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode != 0
-    assert "policy: expected one of cost, least-load, got 'fastest'" in out
+    assert ("policy: expected one of cost, least-load, round-robin, random, p2c, prefix-hash, "
+            "got 'fastest'") in out
     assert "backends[0]: missing required field 'url'" in out
 
 
@@ -133,7 +134,8 @@ def test_demo_with_a_bad_config_prints_its_errors(tmp_path: Path) -> None:
                        capture_output=True, timeout=30, cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode != 0
-    assert "policy: expected one of cost, least-load, got 'fastest'" in out
+    assert ("policy: expected one of cost, least-load, round-robin, random, p2c, prefix-hash, "
+            "got 'fastest'") in out
     assert "drain.grace: expected a duration" in out
     assert "Traceback" not in out
 
