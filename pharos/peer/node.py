@@ -25,12 +25,12 @@ Idle, nothing is sent: a tick whose delta would carry no op and the same fingerp
 reservations, cells and retention as the last delta that peer answered 200 is skipped
 (``Peer.idle``), except that a keep-alive goes every ``KEEPALIVE`` seconds (well inside the
 receivers' ``PEER_SILENCE_SEC``, so a live idle peer is never taken for gone, and a gone one
-still is). A keep-alive carries the gauges and reservations (absolute, they refresh the
-receiver's silence clock) but no cells or retention: those it already has. A failed or
+still is). A keep-alive carries the gauges, reservations and retention (absolute, they refresh
+the receiver's silence clock) but no cells: those it already has. A failed or
 refused delta forgets what was acknowledged, so the next tick sends everything again (so
 does an answer from another origin at that member: it restarted). A delta that does go
 carries only the cells that differ from the acknowledged ones (cells merge field-wise by max,
-so the rest are there) and the retention only if it changed: at a 50 ms tick under load, the
+so the rest are there): at a 50 ms tick under load, the
 unchanged cells' JSON and their parse on the receiver were most of a delta's cost.
 
 What arrives is merged by the modules that own it (``Scheduler.merge_gauges`` /
@@ -316,17 +316,16 @@ class PeerNode(Service):
         """This instance's delta now: absolute gauges and recent cells, the given ops and
         dispatches (a keep-alive: gauges only). ``since``: the state the receiver
         acknowledged last; only the cells that differ from it go (cells merge field-wise by
-        max, so the others are there already), and retention only if it changed."""
+        max, so the others are there already). Retention always goes (a row per target): a
+        receiver that dropped a target's retention gets it back."""
         self.seq += 1
         fp, gauges, cells, retention = self.state() if state is None else state
         assert isinstance(cells, list)
         if keepalive:
-            cells, retention = [], None
+            cells = []
         elif since is not None:
             before = {_cell_key(c): c for c in since[2]}  # type: ignore[attr-defined]
             cells = [c for c in cells if before.get(_cell_key(c)) != c]
-            if retention == since[3]:
-                retention = None
         return Delta(self.origin, fp, self.seq, leaving, gauges,  # type: ignore[arg-type]
                      cells, tuple(ops), dispatched=tuple(dispatched or ()),
                      retention=retention)  # type: ignore[arg-type]
