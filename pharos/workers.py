@@ -305,7 +305,9 @@ class Supervisor(Service):
 
         self._sighup = Sighup(self.reactor, self.reload_all)
         self._sighup.startService()
-        log.info("{n} workers on {listen}", n=self.count, listen=self.config.listen.address)
+        # The bound port, not the configured one: ``listen: HOST:0`` lets the kernel choose.
+        host = f"[{self.host}]" if ":" in self.host else self.host or "0.0.0.0"
+        log.info("{n} workers on {host}:{port}", n=self.count, host=host, port=self.port)
         for i in range(self.count):
             self.spawn(i)
 

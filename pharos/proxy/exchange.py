@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectError, ConnectionRefusedError
@@ -64,7 +64,12 @@ PHAROS_ERROR = "pharos_error"
 BUSY_RETRIED = "busy_retried"
 ERROR_RETRIED = "error_retried"
 
-Send = Callable[[Target, str, bytes], "Deferred[IResponse]"]
+class Send(Protocol):
+    """Sends one attempt's body to a target's route; ``fresh`` asks for a new connection
+    (after a pooled one turned out dead: its idle siblings are likely as old)."""
+
+    def __call__(self, target: Target, path: str, body: bytes,
+                 fresh: bool = False) -> Deferred[IResponse]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,8 +331,8 @@ class Exchange:
             self._sent = True
             self._arm()
             try:
-                response = await self._wait(
-                    self.send(target, path, parsed.forward_body(target.served)))
+                response = await self._wait(self.send(
+                    target, path, parsed.forward_body(target.served), fresh=not stale_retry))
             except Exception as e:
                 abandoned = self._abandoned
                 self._drop()
@@ -342,7 +347,8 @@ class Exchange:
                 elif _stale(e) and stale_retry:
                     # The engine had closed the pooled connection: nothing was answered, and
                     # Twisted retries only idempotent requests (twisted#7843). Once more, on a
-                    # fresh connection to the same target (not an upstream outcome of its own).
+                    # new connection to the same target (its other idle connections are as old
+                    # and may be as dead; not an upstream outcome of its own).
                     self._sent = False
                     stale_retry = False
                     continue

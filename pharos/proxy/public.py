@@ -24,11 +24,13 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.client import HTTPConnectionPool
 from twisted.web.iweb import IRequest, IResponse
 from twisted.web.server import Request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from pharos.config import Reloaded, Timeouts
+from pharos.engine.fetch import make_client
 from pharos.engine.library import OLLAMA
 from pharos.models import Fleet, request_key
 from pharos.proxy import errors
@@ -95,6 +97,9 @@ class PublicAPI:
         self.inflight = Inflight()
         self.sched = sched
         self.client = client
+        #: One connection per request, closed after it: the retry after a dead pooled one
+        #: (made at its first use: the clock is the reactor then).
+        self._fresh: HTTPClient | None = None
         self.clock = clock
         self.seed = seed or sched.seed
         self.started = int(time.time())
@@ -599,8 +604,15 @@ class PublicAPI:
         attempts = itertools.count(1)
         return lambda lease: dlog.decided(rid, next(attempts), prompt_tokens, lease)
 
-    def _send(self, target: Target, path: str, body: bytes) -> Deferred[IResponse]:
-        return send(self.client, target.backend.url + path, body)
+    def _send(self, target: Target, path: str, body: bytes,
+              fresh: bool = False) -> Deferred[IResponse]:
+        client = self.client
+        if fresh:
+            if self._fresh is None:
+                self._fresh = make_client(self.clock, HTTPConnectionPool(self.clock,
+                                                                         persistent=False))
+            client = self._fresh
+        return send(client, target.backend.url + path, body)
 
     def backend_down(self, backend: BackendState, why: str) -> None:
         """A backend stopped answering: its requests without a first byte go elsewhere."""

@@ -66,6 +66,23 @@ def workers_up(port: int) -> dict[str, float]:
         rb'pharos_worker_up\{worker="(\d+)"\} ([0-9.]+)'.decode(), body.decode())}
 
 
+def bound_port(log: Path) -> int:
+    """The public port the supervisor bound (``listen: 127.0.0.1:0``: the kernel's choice, so
+    no other socket can take it between a probe and the bind), from its log."""
+    found: list[int] = []
+
+    def logged() -> bool:
+        m = re.search(r"\[pharos\.workers#info\] 2 workers on 127\.0\.0\.1:(\d+)",
+                      log.read_text())
+        if m:
+            found.append(int(m[1]))
+        return bool(m)
+
+    wait_for("the supervisor's port", logged)
+    assert found[0] != 0
+    return found[0]
+
+
 def started(log: Path) -> dict[int, list[int]]:
     """Worker index -> the pids it was started with, in order (from the supervisor's log)."""
     out: dict[int, list[int]] = {}
@@ -98,10 +115,9 @@ def reloads(log: Path, index: int) -> int:
 def supervisor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
         tuple[subprocess.Popen[bytes], int, Path]]:
     extra: str = getattr(request, "param", "")
-    port = free_port()
     cfg = tmp_path / "pharos.yaml"
     admin = hashlib.sha256(ADMIN.encode()).hexdigest()
-    cfg.write_text(f"listen: 127.0.0.1:{port}\nworkers: 2\n"
+    cfg.write_text("listen: 127.0.0.1:0\nworkers: 2\n"
                    f"drain: {{grace: 1s, timeout: 20s}}\n"
                    f"keys:\n  - name: ops\n    sha256: {admin}\n    admin: true\n{extra}")
     log = tmp_path / "out.log"
@@ -109,7 +125,7 @@ def supervisor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
         proc = subprocess.Popen([TWISTD, "-n", "--pidfile=", "pharos", "-c", str(cfg)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        yield proc, port, log
+        yield proc, bound_port(log), log
     finally:
         pids = [p for ps in started(log).values() for p in ps]
         if proc.poll() is None:
@@ -225,11 +241,10 @@ def test_daily_quota_is_exact_to_one_in_flight_request_per_worker(
     reservations through the peer protocol, so the spend passes the budget by at most one
     in-flight request per worker (each request's estimate covers its real usage), and every
     request after that is refused with 429."""
-    port = free_port()
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     budget = REQUESTS_IN_BUDGET * PER_REQUEST
     cfg = tmp_path / "pharos.yaml"
-    cfg.write_text(f"listen: 127.0.0.1:{port}\nworkers: 2\n"
+    cfg.write_text("listen: 127.0.0.1:0\nworkers: 2\n"
                    f"drain: {{grace: 0s, timeout: 20s}}\n"
                    f"backends:\n  - url: http://127.0.0.1:{engine}\n    kind: vllm\n"
                    f"keys:\n  - name: quota\n    sha256: {digest}\n"
@@ -239,6 +254,7 @@ def test_daily_quota_is_exact_to_one_in_flight_request_per_worker(
         proc = subprocess.Popen([TWISTD, "-n", "--pidfile=", "pharos", "-c", str(cfg)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
+        port = bound_port(log)
         wait_for("both workers up", lambda: workers_up(port) == {"0": 1.0, "1": 1.0})
         spent: list[int] = []
         refused: list[int] = []

@@ -118,6 +118,7 @@ class Rig:
         self.inflight = Inflight()
         self.state.on_down = self.inflight.backend_down
         self.calls: list[EngineCall] = []
+        self.fresh: list[bool] = []  # each send's ``fresh`` flag, in order
         self.requests: list[tuple[Request, HTTPChannel, Deferred[None], Exchange]] = []
         self.granted = 0
         real = Lease.release
@@ -159,7 +160,8 @@ class Rig:
         parsed = parse(BODY, "/v1/chat/completions")
         holder: list[Exchange] = []
 
-        def send(target: Target, path: str, body: bytes) -> Deferred[Any]:
+        def send(target: Target, path: str, body: bytes, fresh: bool = False) -> Deferred[Any]:
+            self.fresh.append(fresh)
             return self.send(target, holder[0])
 
         ex = Exchange(request, parsed, "/v1/chat/completions", None, sched=self.sched,
@@ -304,6 +306,32 @@ def test_a_granted_lease_is_counted_released() -> None:
         rig.data(0)
         rig.end(0, clean=True)
         assert len(rig.released) == 1
+        assert rig.requests[0][2].called
+        assert all(t.inflight == 0 for t in rig.state.targets)
+    finally:
+        rig.close()
+
+
+def test_a_dead_pooled_connection_is_retried_once_on_a_new_connection() -> None:
+    """A send that dies before any answer (the engine had closed the pooled connection) goes
+    once more to the same target on a new connection (its pooled siblings are as old); a
+    second such death on that new connection is an upstream failure, tried elsewhere."""
+    rig = Rig()
+    try:
+        rig.request()
+        first = rig.calls[0]
+        first.lost = True
+        first.d.errback(ResponseNeverReceived([Failure(ConnectionLost())]))
+        assert len(rig.calls) == 2 and rig.fresh == [False, True]
+        second = rig.calls[1]
+        assert second.target is first.target
+        second.lost = True
+        second.d.errback(ResponseNeverReceived([Failure(ConnectionLost())]))
+        assert len(rig.calls) == 3
+        assert rig.calls[2].target is not first.target
+        rig.headers(0, 200)
+        rig.data(0)
+        rig.end(0, clean=True)
         assert rig.requests[0][2].called
         assert all(t.inflight == 0 for t in rig.state.targets)
     finally:
