@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import uuid
@@ -189,6 +190,10 @@ class PharosService(MultiService):
         self.public_listener: IService | None = None
         #: SIGTERM/SIGINT while stopping end the process at once (``makeService`` sets it).
         self.handle_signals = False
+        #: The process is this service's own (``makeService``): once restored, what start-up
+        #: built is moved out of the collector's reach (``gc.freeze``). Without it a full
+        #: collection walked ~300k import-time objects, pausing the reactor up to 90 ms.
+        self.freeze_gc = False
         self.stopping = False
         self.starting: Deferred[None] | None = None
         #: The state file (§12): the first restore source; started once restored, so a start
@@ -300,6 +305,11 @@ class PharosService(MultiService):
         if self.stopping:
             return
         self.health.restored = True
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()
+            log.info("{n} start-up objects frozen out of the collector's reach",
+                     n=gc.get_freeze_count())
         if self.state_file is not None:
             self.state_file.setServiceParent(self)
         if self.public_listener is not None:
@@ -478,7 +488,7 @@ def makeService(options: Any) -> IService:
         demo = demo_service(reactor, options["parsed"])
         for child in demo:  # type: ignore[attr-defined]
             if isinstance(child, PharosService):
-                child.handle_signals = True
+                child.handle_signals = child.freeze_gc = True
         return demo
     config: Config = options["parsed"]
     if options["worker"] is None and config.workers > 1:
@@ -496,5 +506,5 @@ def makeService(options: Any) -> IService:
                               docker_socket=docker_socket)
     top = build(config, reactor, config_path=options["config"],
                 request_log=options["log-level"] == "debug", docker_socket=docker_socket)
-    top.handle_signals = True
+    top.handle_signals = top.freeze_gc = True
     return top

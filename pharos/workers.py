@@ -664,6 +664,6 @@ def worker_service(config: Config, config_path: str, spec_text: str, reactor: An
 
         top.public.reload_config = reload_everywhere
     Orphaned(reactor, spec.supervisor).setServiceParent(top)
-    top.handle_signals = True
+    top.handle_signals = top.freeze_gc = True
     log.info("worker {index} of {count}", index=spec.index, count=spec.count)
     return top

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,7 +50,8 @@ def config(tmp_path: Path) -> Iterator[tuple[Path, int]]:
 def test_foreground_serves_and_sigterm_stops_cleanly(
     config: tuple[Path, int], tmp_path: Path
 ) -> None:
-    """twistd -n pharos -c FILE serves on the configured port; SIGTERM shuts it down cleanly."""
+    """twistd -n pharos -c FILE serves on the configured port (its start-up objects frozen
+    out of the collector's reach before the listener opens); SIGTERM shuts it down cleanly."""
     path, port = config
     proc = subprocess.Popen([TWISTD, "-n", "--pidfile", str(tmp_path / "p.pid"), "pharos",
                              "-c", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -68,6 +70,8 @@ def test_foreground_serves_and_sigterm_stops_cleanly(
     assert b"Server Shut Down" in out
     assert b"Traceback" not in out
     assert not (tmp_path / "p.pid").exists()
+    frozen = re.search(rb"(\d+) start-up objects frozen", out)
+    assert frozen and int(frozen[1]) > 10_000, out.decode()[-2000:]
 
 
 def test_daemon_pidfile_refuses_second_start(config: tuple[Path, int], tmp_path: Path) -> None:
