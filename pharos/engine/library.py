@@ -18,7 +18,7 @@ from pharos.engine.probes import (
     load_snapshot,
     log_line,
     prom,
-    prom_samples,
+    prom_series,
 )
 from pharos.engine.signals import WHOLE_BACKEND, Residency, Signal, Snapshot
 
@@ -270,7 +270,7 @@ def _vllm_kv_pool(body: bytes) -> Snapshot:
     fixtures/vllm/0.32.0/*/metrics: 8192 x 32 on the tiny model). Data-parallel ranks
     (``engine``) each have their own pool: they add up, as their requests do."""
     total = 0
-    infos = prom_samples(body).get("vllm:cache_config_info", ())
+    infos = prom_series(body, "vllm:cache_config_info")
     for labels, _ in infos:
         blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
         if blocks is None or size is None or not blocks.isdigit() or not size.isdigit():
