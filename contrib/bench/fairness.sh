@@ -71,11 +71,14 @@ run() {
         --out "$out/$mode" --resume || echo "fairness.sh: $mode seed $seed failed" >&2
 }
 
+# MODES (default all) picks modes by name; FAIR_POLICIES replaces a-fair's cost,round-robin.
+modes=" ${MODES:-a-alone a-fair a-onekey b-tenants b-keys b-onekey} "
+want() { [[ $modes == *" $1 "* ]]; }
 for seed in $seeds; do
-    run a-alone 12 cost "$seed"
-    run a-fair 12 cost,round-robin "$seed"
-    run a-onekey 12 cost "$seed"
-    run b-tenants 16 cost,round-robin "$seed"
-    run b-keys 16 cost "$seed"
-    run b-onekey 16 cost "$seed"
+    want a-alone && run a-alone 12 cost "$seed"
+    want a-fair && run a-fair 12 "${FAIR_POLICIES:-cost,round-robin}" "$seed"
+    want a-onekey && run a-onekey 12 cost "$seed"
+    want b-tenants && run b-tenants 16 cost,round-robin "$seed"
+    want b-keys && run b-keys 16 cost "$seed"
+    want b-onekey && run b-onekey 16 cost "$seed"
 done
