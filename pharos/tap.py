@@ -63,8 +63,13 @@ log = Logger()
 # A factory per engine connection would log its start and stop at info, twice a request.
 _HTTP11ClientFactory.noisy = False
 
-#: Idle engine connections kept per backend: about the streams one engine serves at once.
-POOL_PER_HOST = 32
+#: Idle engine connections kept per backend: about the streams one engine serves at once
+#: (vLLM's default ``max_num_seqs``, 256). A connection is idle only after it was in use, so
+#: this bounds what a burst leaves open, not what is opened; a cap below the streams in flight
+#: closed the surplus after each burst of replies and opened new ones (name resolution in a
+#: thread, a TCP handshake) for the next: with 32, one new engine connection every two
+#: requests at 64 clients on one engine (contrib/bench/workers-2026-12-02c).
+POOL_PER_HOST = 256
 #: Below the engines' keep-alive (uvicorn: 5 s): a POST on a connection the engine already
 #: closed fails, and Twisted retries only idempotent requests (twisted#7843).
 POOL_IDLE_SEC = 4
