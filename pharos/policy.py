@@ -29,10 +29,11 @@ measurement) rather than by dispatching around it.
     free blocks cannot hold), the wait for the first of the running requests to end
     (``service_sec / (running + 1)``). The lowest wins; costs within
     ``tie_window_sec`` (or ``TIE_WINDOW_SHARE`` of it) of the lowest tie, and ties go to the
-    lower utilization, then to a
+    lower utilization, then to the lower eviction price (``reload``), then to a
     pseudo-random choice seeded by ``req.seed``.
 ``least-load``
-    Utilization only (same tie rule), the escape hatch if the estimates misbehave on a fleet.
+    Utilization only (ties to the seed, no price read), the escape hatch if the estimates
+    misbehave on a fleet.
 ``round-robin``
     The feasible candidates in target id order, turn ``req.seq`` (the scheduler counts the
     model's routed requests, so the function stays pure).
@@ -586,7 +587,8 @@ class _Scored:
         # How the winner was chosen, for the explanation.
         self.win = -1  # the winner's index, once picked
         self.sticky = False  # the winner is the session's target (affinity)
-        self.tie: str | None = None  # what broke a tie: "utilization", "seed"; None: no tie
+        #: What broke a tie: "utilization", "eviction price", "seed"; None: no tie.
+        self.tie: str | None = None
         self.window = self.limit = 0.0  # cost's tie window and the estimate it reaches
         self.explain: Callable[[_Scored], Explanation] = _explain_no_target
         self._explained: Explanation | None = None
@@ -777,10 +779,21 @@ def rank(seed: int, target_id: int) -> int:
     return z ^ (z >> 31)
 
 
-def _break_tie(ties: list[int], scored: _Scored, seed: int) -> tuple[int, str | None]:
-    """The lowest utilization among the tied indices, then the lowest seeded random rank
-    (rendezvous hashing, so the choice does not depend on candidate order). Returns the winner
-    and what broke the tie, None if there was none."""
+def _break_tie(ties: list[int], scored: _Scored, seed: int, reload: bool = False
+               ) -> tuple[int, str | None]:
+    """The lowest utilization among the tied indices, then (``reload``: cost's) the lowest
+    eviction price, then the lowest seeded random rank (rendezvous hashing, so the choice does
+    not depend on candidate order). Returns the winner and what broke the tie, None if there
+    was none.
+
+    The eviction price breaks a tie before the seed: two cold loads of one model on
+    different hosts have the same utilization and tie whenever their victims' prices differ
+    by less than the window (a tenth of an estimate that holds a load and a reload, about
+    0.6 s for 3 s loads, where a tail model's price and a middle one's differ by 0.2-0.9 s:
+    the price saturates at about one reload for any model asked for within its horizon), so
+    the seed chose the victim and the middle models were pushed out as often as the tail
+    (``pharos bench placement``, 2 hosts, 8 models). The lower price is the victim whose
+    demand is lower: the one likelier to be asked for last."""
     if len(ties) == 1:
         return ties[0], None
     low = math.inf
@@ -795,7 +808,18 @@ def _break_tie(ties: list[int], scored: _Scored, seed: int) -> tuple[int, str | 
     if len(least) == 1:
         return least[0], "utilization"
     candidates = scored.candidates
+    if reload:
+        cheapest = min(_paid_reload(candidates[i]) for i in least)
+        if any(_paid_reload(candidates[i]) > cheapest for i in least):
+            least = [i for i in least if _paid_reload(candidates[i]) == cheapest]
+            if len(least) == 1:
+                return least[0], "eviction price"
     return min(least, key=lambda i: rank(seed, candidates[i].target_id)), "seed"
+
+
+def _paid_reload(c: Candidate) -> float:
+    """The eviction price the candidate's estimate counts: a cold load's, else none."""
+    return c.reload_sec if c.warm is False and not c.loading else 0.0
 
 
 def _no_target(scored: _Scored) -> Decision:
@@ -911,7 +935,8 @@ def _why(scored: _Scored, ref: int) -> Why:
 
 def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest estimated TTFT wins; ties within the window go to lower utilization, then to
-    the request's seed. Enqueue when the winner has no free slot."""
+    the lower eviction price, then to the request's seed. Enqueue when the winner has no free
+    slot."""
     scored = _select_cost(_Fleet(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
@@ -923,7 +948,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
         win, tie = sticky, None
     else:
         ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
-        win, tie = _break_tie(ties, scored, req.seed)
+        win, tie = _break_tie(ties, scored, req.seed, reload=True)
     scored.sticky, scored.tie, scored.window, scored.limit = sticky is not None, tie, window, limit
     return _decide(scored, win, _explain_cost)
 

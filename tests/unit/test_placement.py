@@ -191,6 +191,37 @@ def test_a_cold_load_evicts_the_model_whose_reload_costs_least() -> None:
         assert reload["http://h1:1"] == prices["http://h1:1"][1] > 0
 
 
+def test_a_tie_between_two_loads_evicts_the_less_demanded_model() -> None:
+    """Two full hosts, a middle model idle on one and a tail model (half its demand) on the
+    other: their reload prices differ by less than the cost policy's tie window, and a third
+    model's load evicts the tail one whatever the seed (the seed chose before, and the middle
+    models were pushed out as often as the tail: ``pharos bench placement``, 2 hosts)."""
+    sizes = {"mid": 6 * GB, "tail": 6 * GB, "new": 6 * GB}
+    sched, state, clock = fleet({
+        "http://h1:1": (ollama(["mid"], sizes), BackendSpec(url="http://h1:1", kind="ollama",
+                                                            memory_gb=10, capacity=2)),
+        "http://h2:1": (ollama(["tail"], sizes), BackendSpec(url="http://h2:1", kind="ollama",
+                                                             memory_gb=10, capacity=2)),
+    })
+    for t in state.targets:
+        t.stats.load_sec.add(3.0)
+    for _ in range(12):
+        sched.demand.add("mid", clock.seconds())
+    for _ in range(6):
+        sched.demand.add("tail", clock.seconds())
+    by_id = {t.id: t.backend.url for t in state.targets}
+    placements = [sched.decide(r, sched.targets(r))
+                  for r in (req("new", seed=seed) for seed in range(1, 33))]
+    assert {by_id[p.decision.target_id] for p in placements  # type: ignore[index]
+            } == {"http://h2:1"}
+    for placed in placements:
+        prices = {by_id[c.target_id]: c.reload_sec for c in placed.candidates}
+        assert prices["http://h1:1"] > prices["http://h2:1"] > 0
+        assert "evicts tail (reload" in placed.decision.reason
+        assert "tie within" in placed.decision.reason  # the prices are within the window
+        assert "broken by eviction price" in placed.decision.reason
+
+
 def test_no_idle_victim_the_load_waits_as_before() -> None:
     """With the only other model busy on one host, the load goes to the host whose model is
     idle (whatever its price); with both busy, the request waits."""
@@ -236,6 +267,27 @@ def test_a_loads_victim_is_cold_on_its_host_until_the_next_full_round() -> None:
         assert cold_now()
     clock.advance(1.0)  # the next full round still lists a and b loaded (the fake's /api/ps)
     assert not cold_now()
+
+
+def test_a_loads_victim_is_not_priced_again_as_resident_until_the_next_full_round() -> None:
+    """After a load pushed ``a`` out of a full host, the next cold load there is priced
+    against what the host holds now (``b`` and the model just loaded), not against the
+    round's stale list too: one victim, not ``a`` again (found by ``pharos bench placement``:
+    decisions said "evicts model-6+model-0" where model-6 had gone and the engine unloaded
+    model-0 alone, a price twice the real one)."""
+    sizes = {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB, "d": 4 * GB}
+    sched, state, clock = fleet({"http://h1:1": (ollama(["a", "b"], sizes), BackendSpec(
+        url="http://h1:1", kind="ollama", memory_gb=8, capacity=2))})
+    lease = granted(sched.acquire("k", 1, req("c")))
+    assert lease.cold
+    (first,) = next(c for c in lease.decision.candidates
+                    if c.target_id == lease.target.id).victims
+    lease.release()
+    r = req("d")
+    placed = sched.decide(r, sched.targets(r))
+    (d,) = [c for c in placed.candidates if state.targets[c.target_id].model == "d"]
+    assert d.warm is False and len(d.victims) == 1, d.victims
+    assert first not in d.victims
 
 
 # --- item 2: replicas follow demand, within a wait bound ------------------------------------

@@ -431,6 +431,21 @@ def test_outside_window_lower_cost_wins() -> None:
                                          tie_window_share=0.0)).target_id == 1
 
 
+def test_a_tie_between_loads_goes_to_the_cheaper_eviction() -> None:
+    """Two cold loads within the window at the same utilization: the one whose victims cost
+    less to reload wins for every seed (not the seed), and the reason says so; least-load
+    reads no price (its seed decides)."""
+    cands = [cand(1, warm=False, reload_sec=3.6, victims=("mid",)),
+             cand(2, warm=False, reload_sec=3.3, victims=("tail",))]
+    decisions = [pick(RouteReq(prompt_tokens=1000, seed=seed), cands, COST)
+                 for seed in range(32)]
+    assert {d.target_id for d in decisions} == {2}
+    assert all("broken by eviction price" in d.reason for d in decisions)
+    least = {pick(RouteReq(prompt_tokens=1000, seed=seed), cands, LEAST).target_id
+             for seed in range(32)}
+    assert least == {1, 2}
+
+
 @pytest.mark.parametrize("cfg", [COST, LEAST], ids=["cost", "least-load"])
 def test_exact_tie_broken_by_seed(cfg: PolicyConfig) -> None:
     """Among identical candidates the seed decides: the same seed always picks the same target
