@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo doctor-demo test check lint live-engines stress clean
+.PHONY: install compiled demo doctor-demo test check lint live-engines stress clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,13 @@ $(NODE_STAMP): tests/clients/package.json tests/clients/package-lock.json
 	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
 
-install: $(STAMP) $(NODE_STAMP)
+# pharos.policy compiled by mypyc (mypy is a dev dependency; needs a C compiler and Python's
+# headers): pharos/compiled.py imports it only while it was built from the current source, which
+# stays the reference. Quick when current; rebuilt after every edit of pharos/policy.py.
+compiled: $(STAMP)
+	$(PY) contrib/build_compiled.py
+
+install: $(STAMP) $(NODE_STAMP) compiled
 
 # Pharos on 127.0.0.1:8090 in front of three simulated engines (Ctrl-C stops it).
 demo: install
@@ -53,4 +59,4 @@ live-engines:
 	bash tests/live/engines/setup.sh all
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info pharos/*.mypyc.*

@@ -239,9 +239,13 @@ def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     import os
 
+    from pharos import compiled
+
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or None}
+            "cpus": os.cpu_count(), "processor": platform.processor() or None,
+            # the policy compiled by mypyc, or why it is interpreted (``pharos.compiled``)
+            "policy": compiled.status.get("pharos.policy")}
 
 
 def main_pick(argv: list[str]) -> int:
@@ -265,7 +269,7 @@ def main_pick(argv: list[str]) -> int:
     else:
         print(f"routing decision, {a.candidates} candidates, {a.prompt_tokens}-token prompt, "
               f"{a.rounds} rounds ({r['date']}, Python {r['machine']['python']}, "
-              f"{r['machine']['cpus']} CPUs)")
+              f"{r['machine']['cpus']} CPUs, policy {r['machine']['policy']})")
         for name in ("cost", "least-load", "cost+index", "cost+index+reason", "lookup", "chain",
                      "decide"):
             if name in r:

@@ -564,12 +564,15 @@ def test_value_types_are_frozen() -> None:
 # --- purity --------------------------------------------------------------------------------
 
 ALLOWED_IMPORTS = {"__future__", "collections.abc", "dataclasses", "math", "typing"}
+#: The module's source (``policy.__file__`` is the extension when it was compiled: mypyc,
+#: ``pharos.compiled``).
+SOURCE = Path(policy.__file__).with_name("policy.py")
 
 
 def test_policy_imports_only_pure_stdlib() -> None:
     """pharos/policy.py imports nothing from Pharos and nothing that does I/O, reads a clock,
     logs or draws randomness: only the modules listed here."""
-    tree = ast.parse(Path(policy.__file__).read_text())
+    tree = ast.parse(SOURCE.read_text())
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -712,7 +715,14 @@ BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "float | None": _opt(st.floats(0.1, 60.0)),
     "bool | None": _opt(st.booleans()),
 }
-EVERY_FIELD = {f.name: FIELDS[f.name] if f.name in FIELDS else BY_TYPE.get(str(f.type))
+#: Each Candidate field's type as the source spells it (a compiled Candidate's fields carry
+#: the types mypyc resolved, not the annotations' text).
+SOURCE_TYPES = {node.target.id: ast.unparse(node.annotation)
+                for cls in ast.parse(SOURCE.read_text()).body
+                if isinstance(cls, ast.ClassDef) and cls.name == "Candidate"
+                for node in cls.body
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+EVERY_FIELD = {f.name: FIELDS[f.name] if f.name in FIELDS else BY_TYPE.get(SOURCE_TYPES[f.name])
                for f in dataclasses.fields(Candidate)}
 every_field_fleets = st.lists(
     st.builds(Candidate, **{k: v for k, v in EVERY_FIELD.items() if v is not None}),
