@@ -1186,6 +1186,9 @@ class Scheduler:
         if limit is None and (memory_gb is None or size is None):
             return c
         hm = self.host_model.get(t.backend.url)
+        he = self.host_evicted.get(t.backend.url)
+        gone = (he[0] if he is not None and (t.backend.full_at is None
+                                             or t.backend.full_at <= he[1]) else frozenset())
         resident: list[Resident] = []
         by_model: dict[str, Target] = {}
         for o in self.state.targets:
@@ -1195,6 +1198,8 @@ class Scheduler:
             inflight = o.inflight + (self.peer_inflight(o.id) if self.peers else 0)
             if ov.residency not in (Residency.LOADED, Residency.LOADING) and not inflight:
                 continue
+            if not inflight and o.model in gone:
+                continue  # pushed out by a load since the round that lists it: not there
             by_model[o.model] = o
             resident.append(Resident(
                 o.model, ov.vram_bytes or ov.size_bytes or 0,
@@ -1221,9 +1226,6 @@ class Scheduler:
             more = victims(size, memory_gb * 1e9, rest)
             out = None if more is None else out + more
         if not out:
-        he = self.host_evicted.get(t.backend.url)
-        gone = (he[0] if he is not None and (t.backend.full_at is None
-                                             or t.backend.full_at <= he[1]) else frozenset())
             return c
         price = 0.0
         for r in out:
@@ -1233,8 +1235,6 @@ class Scheduler:
                                   load if load is not None else self.policy.load_sec_default,
                                   horizon(self.keep_alive_sec))
         return dataclasses.replace(c, reload_sec=price, victims=tuple(r.model for r in out))
-            if not inflight and o.model in gone:
-                continue  # pushed out by a load since the round that lists it: not there
 
     def _evicted_since(self, req: SchedRequest, matches: dict[int, Match]) -> set[int]:
         """The targets the index predicts hold the request's root but whose learned retention
