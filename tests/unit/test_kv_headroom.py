@@ -60,7 +60,9 @@ def vllm(kv: float, running: int = 2) -> FakeBackend:
 
 def test_room_is_the_pool_less_usage_less_what_pharos_sent_since() -> None:
     """1,600-token pool at 50 % usage: 800 tokens of room; a 600-token prompt sent leaves
-    200 until the next round reads the engine again."""
+    200, and still 200 after a round while it has no first byte (the engine's usage holds
+    none of a queued prompt and only the chunks computed so far of one being prefilled);
+    after its first byte the next round's usage counts it."""
     url = "http://v"
     sched, state, clock = fleet({url: (vllm(0.5), BackendSpec(url=url, kind="vllm",
                                                                 capacity=8))})
@@ -68,10 +70,48 @@ def test_room_is_the_pool_less_usage_less_what_pharos_sent_since() -> None:
     (t,) = state.targets
     assert state.view(t).kv_pool_tokens == 1600
     assert sched.candidate(t, 0).kv_free_tokens == 800
-    granted(sched.acquire("k", 1, SchedRequest("m", 600, 1)))
+    lease = granted(sched.acquire("k", 1, SchedRequest("m", 600, 1)))
     assert sched.candidate(t, 0).kv_free_tokens == 200
     sched.learn_capacity(t.backend)  # what a round does after reading the engine
+    assert sched.candidate(t, 0).kv_free_tokens == 200
+    lease.first_byte()
+    sched.learn_capacity(t.backend)
     assert sched.candidate(t, 0).kv_free_tokens == 800
+
+
+def test_a_cache_hit_takes_its_cached_blocks_unless_a_request_there_holds_them() -> None:
+    """vLLM's usage counts the blocks of running requests: a cached prefix no running request
+    holds is free there, and held once a prompt using it runs. The first request predicted to
+    find a 1,000-token system prompt cached takes its whole prompt from the room (1,600 ->
+    500, not 1,500); a second one with the same root while the first is in flight takes only
+    its uncached tokens; after both ended, a third takes its whole prompt again."""
+    from pharos.prefix import chain
+
+    url = "http://v"
+    sched, state, clock = fleet({url: (vllm(0.0), BackendSpec(url=url, kind="vllm",
+                                                                capacity=8))})
+    clock.pump([1.0] * 6)
+    (t,) = state.targets
+    system = {"role": "system", "content": "s" * 4000}
+
+    def hit(n: int) -> SchedRequest:
+        ch = chain("m", [system, {"role": "user", "content": f"{n}" * 400}], None, None)
+        return SchedRequest("m", 1100, n, chain=ch)
+
+    first = hit(1)
+    sched.index.record(first.chain.keys[:1], t.id, t.gen, clock.seconds())
+    assert sched.candidate(t, 0).kv_free_tokens == 1600
+    a = granted(sched.acquire("k", 1, first))
+    assert 900 <= a.predicted_tokens < 1100
+    assert sched.candidate(t, 0).kv_free_tokens == 1600 - 1100
+    b = granted(sched.acquire("k", 1, hit(2)))
+    assert sched.candidate(t, 0).kv_free_tokens == 1600 - 1100 - (1100 - b.predicted_tokens)
+    for lease in (a, b):
+        lease.first_byte()
+        lease.release()
+    sched.learn_capacity(t.backend)
+    granted(sched.acquire("k", 1, hit(3)))
+    assert sched.candidate(t, 0).kv_free_tokens == 1600 - 1100
 
 
 def test_usage_held_at_rest_is_cache_fill_and_says_no_room() -> None:
