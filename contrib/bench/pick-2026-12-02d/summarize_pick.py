@@ -1,7 +1,7 @@
 """Table of ab.sh's rounds: per arm, the median and range over rounds of the decide row's
 min, p50 and p99 (us), and what each arm's policy was (``machine.policy``).
 
-    python summarize.py AB_DIR
+    python summarize_pick.py AB_DIR
 """
 
 from __future__ import annotations
