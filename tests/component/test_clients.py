@@ -395,7 +395,8 @@ async def test_langchain_chatopenai_capture() -> None:
 
 
 def anthropic_python(url: str, model: str = "tiny") -> dict[str, Any]:
-    """The Anthropic Python SDK's calls on /v1/messages (key in x-api-key)."""
+    """The Anthropic Python SDK's calls on /v1/messages (this version sends its key as
+    ``Authorization: Bearer``, not ``x-api-key``)."""
     api = anthropic.Anthropic(base_url=url, api_key=SECRET, max_retries=0)
     msgs: Any = [{"role": "user", "content": "Hello"}]
     out: dict[str, Any] = {"plain": api.messages.create(model=model, max_tokens=16,
@@ -420,10 +421,10 @@ def anthropic_python(url: str, model: str = "tiny") -> dict[str, Any]:
 
 @pytest_twisted.ensureDeferred
 async def test_anthropic_python_capture() -> None:
-    """The Anthropic Python SDK on /v1/messages with its x-api-key header (against the
-    vLLM-like double, which serves the route as vLLM 0.32 does; the live llama.cpp run is in
-    test_clients_live.py): plain and a second turn with a system prompt, streamed, 401 for a
-    wrong key; its committed capture."""
+    """The Anthropic Python SDK on /v1/messages with its key (sent as ``Authorization:
+    Bearer``; against llama.cpp's recorded /v1/messages replies, the doubles serving no such
+    route; the live llama.cpp run is in test_clients_live.py): plain and a second turn with a
+    system prompt, streamed, 401 for a wrong key; its committed capture."""
     version = importlib.metadata.version("anthropic")
     got, diff, _ = await recorded(anthropic_python, "anthropic-python", version)
     assert got["plain"].content[0].text and got["plain"].usage.input_tokens > 0
