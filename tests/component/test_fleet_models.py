@@ -15,6 +15,7 @@ import treq
 from twisted.web.http_headers import Headers
 
 from pharos import policy as policy_module
+from pharos.cli import main as cli_main
 from pharos.config import Observability, Routing
 from pharos.models import ModelSpec
 from pharos.shadow import main_replay, replay
@@ -90,6 +91,41 @@ async def test_each_engine_receives_the_name_it_serves() -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_ollama_and_vllm_each_receive_the_name_they_serve() -> None:
+    """The issue's own example: ``llama-8b`` served as ``llama3.1:8b`` by Ollama and as
+    ``meta-llama/Llama-3.1-8B-Instruct`` by vLLM. OpenAI requests for the fleet name reach
+    both engines, each under its own name; Ollama's native /api/chat and /api/generate (Ollama
+    backends only) for the fleet name or the vLLM alias reach Ollama as ``llama3.1:8b``."""
+    ollama_name = "llama3.1:8b"
+    fleet = await start_fleet([
+        ("vllm", {"models": {VLLM_NAME: SIZE}}, {"kind": "vllm", "capacity": 8}),
+        ("ollama", {"models": {ollama_name: SIZE}, "loaded": [ollama_name]},
+         {"kind": "ollama", "capacity": 8}),
+    ], policy="round-robin", models=(ModelSpec(FLEET_NAME, (ollama_name, VLLM_NAME)),))
+    seen = record(fleet)
+    try:
+        for model in [FLEET_NAME] * 6 + [ollama_name, VLLM_NAME]:
+            r = await fleet.chat(model)
+            assert r.code == 200, await r.content()
+            await r.content()
+        native: list[tuple[str, dict[str, Any]]] = [
+            ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/api/generate", {"prompt": "hi"})]
+        for path, rest in native:
+            for model in (FLEET_NAME, VLLM_NAME):
+                r = await fleet.post(path, {"model": model, "stream": False,
+                                            "options": {"num_predict": 4}, **rest})
+                assert r.code == 200, (path, model, await r.content())
+                await r.content()
+        vllm, ollama_seen = (seen[d.url] for d in fleet.doubles)
+        assert len(vllm) >= 3 and len(ollama_seen) >= 3 + 4, seen
+        assert set(vllm) == {VLLM_NAME} and set(ollama_seen) == {ollama_name}
+        assert len(vllm) + len(ollama_seen) == 8 + 4
+    finally:
+        await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_model_omitted_with_two_models_served_is_a_400() -> None:
     """With two models served, a request naming none is refused in the client's shape."""
     fleet = await two_names(models=())
@@ -103,11 +139,11 @@ async def test_a_model_omitted_with_two_models_served_is_a_400() -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_split_keeps_a_conversation_on_its_arm_and_shadows_are_counted(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 50/50 split: one conversation always gets the same policy (x-pharos-policy), both
     arms are used across conversations; the shadow policies ran on every routed decision
     (GET /admin/shadow, /metrics), and the shadow log replays clean; an edited line is
-    caught."""
+    caught, by ``replay`` and by ``pharos replay-shadow LOG`` (exit 1, the line named)."""
     log = tmp_path / "shadow.jsonl"
     fleet = await two_names(
         models=(ModelSpec(FLEET_NAME, (CPP_NAME, VLLM_NAME),
@@ -161,6 +197,71 @@ async def test_split_keeps_a_conversation_on_its_arm_and_shadows_are_counted(
     assert checked == sent and any(p.startswith("line 4: its sha") for p in problems)
     dropped = [*lines[:2], *lines[3:]]
     assert any("line 3: does not follow" in p for p in replay(dropped)[1])
+    # The console command on files: 0 for the log as written, 1 naming the tampered line.
+    tampered_file = tmp_path / "tampered.jsonl"
+    tampered_file.write_text("\n".join(edited) + "\n")
+    capsys.readouterr()
+    for path, code in [(log, 0), (tampered_file, 1)]:
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(["replay-shadow", str(path)])
+        assert exit_.value.code == code, path
+    out = capsys.readouterr().out
+    assert f"{sent} shadow decisions replayed, 0 problems" in out
+    assert "line 4: its sha" in out and out.count(f"{sent} shadow decisions replayed") == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retry_keeps_its_split_arm() -> None:
+    """One engine answers every request 503 (busy: retried elsewhere): each request that
+    was routed there is routed again, and both of its decisions use the policy of its
+    conversation's arm, the one its reply names; both arms saw retries."""
+    fleet = await two_names(models=(ModelSpec(FLEET_NAME, (CPP_NAME, VLLM_NAME),
+                                              split=(("cost", 50), ("least-load", 50))),))
+    busy = fleet.doubles[0]
+
+    def refuse(request: Any) -> bytes:
+        request.setResponseCode(503)
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"error": {"message": "busy", "type": "server_error", "code": 503}}'
+
+    busy._post = refuse  # type: ignore[method-assign]
+    sched = fleet.pharos.sched
+    routed: list[tuple[int, str | None, str]] = []
+    original = sched.on_route
+
+    def on_route(req: Any, placed: Any) -> None:
+        chosen = next(c for c in placed.candidates if c.target_id == placed.decision.target_id)
+        url = next(t.backend.url for t in fleet.pharos.state.targets
+                   if t.id == chosen.target_id)
+        routed.append((req.seed, req.policy.name if req.policy else None, url))
+        if original is not None:
+            original(req, placed)
+
+    sched.on_route = on_route
+    retried: dict[str, int] = {}
+    try:
+        for conversation in range(16):
+            before = len(routed)
+            r = await treq.post(
+                fleet.url + "/v1/chat/completions",
+                json.dumps({"model": FLEET_NAME, "max_tokens": 4, "messages": [
+                    {"role": "user", "content": f"turn of {conversation}"}]}).encode(),
+                headers=Headers({b"content-type": [b"application/json"],
+                                 b"x-session-id": [f"retry-{conversation}".encode()]}),
+                pool=fleet.pool)
+            assert r.code == 200, await r.content()
+            await r.content()
+            arm_ = r.headers.getRawHeaders(b"x-pharos-policy")[0].decode()
+            mine = routed[before:]
+            assert len({seed for seed, _, _ in mine}) == 1, mine  # one request (its seed)
+            assert {name for _, name, _ in mine} == {arm_}, (arm_, mine)
+            assert mine[-1][2] != busy.url
+            if len(mine) == 2:
+                assert mine[0][2] == busy.url
+                retried[arm_] = retried.get(arm_, 0) + 1
+        assert set(retried) == {"cost", "least-load"}, (retried, routed, busy.url)
+    finally:
+        await fleet.stop()
 
 
 @pytest_twisted.ensureDeferred

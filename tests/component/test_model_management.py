@@ -91,6 +91,37 @@ async def test_pull_with_the_ollama_client_streams_progress() -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_keyless_pull_as_the_ollama_cli_sends_it_streams() -> None:
+    """The ``ollama`` CLI sends no key (it has no option for one): with no keys configured
+    its ``ollama pull NAME`` request (POST /api/pull, ``{"name": ..., "insecure": false}``,
+    ``Accept: application/x-ndjson``, no stream field) gets the engine's NDJSON progress, the
+    first lines reaching the client before the engine wrote ``success`` (streamed, not
+    collected); the ollama Python client without headers pulls too."""
+    f = await start_fleet([("ollama", {}, {"kind": "ollama"})])
+    try:
+        r = await treq.post(
+            f.url + "/api/pull", b'{"name":"tinyllama:1.1b","insecure":false}',
+            headers=Headers({b"content-type": [b"application/json"],
+                             b"accept": [b"application/x-ndjson"],
+                             b"user-agent": [b"ollama/0.12.3 (amd64 linux) Go/go1.24.1"]}),
+            pool=f.pool, unbuffered=True)
+        assert r.code == 200
+        assert r.headers.getRawHeaders(b"content-type") == [b"application/x-ndjson"]
+        chunks: list[tuple[bytes, bool]] = []
+        await treq.collect(r, lambda c: chunks.append((c, "tinyllama:1.1b" in tags(f, 0))))
+        got = lines(b"".join(c for c, _ in chunks))
+        assert got[0]["status"] == "pulling manifest" and got[-1]["status"] == "success"
+        assert not chunks[0][1]  # the first bytes came before the pull had finished
+        assert "tinyllama:1.1b" in tags(f, 0)
+        client = ollama.Client(host=f.url)
+        done = await deferToThread(lambda: [p.status for p in client.pull("phi3:mini",
+                                                                          stream=True)])
+        assert done[-1] == "success" and "phi3:mini" in tags(f, 0)
+    finally:
+        await f.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_management_needs_an_admin_key() -> None:
     """No key: 401; a key without admin: 403, and nothing reaches the engine."""
     f = await start_fleet([("ollama", {}, {"kind": "ollama"})], keys=KEYS)
