@@ -205,6 +205,17 @@ def _scheduler_decide(n: int, ch: Any, prompt_tokens: int, rounds: int,
     ``n`` vLLM targets read from in-memory pages on a fake clock: each target's candidate
     built from its signals and stats, the index lookup, hot-prefix owners, eviction pricing,
     the pick. The rows above time the lookup and the pick over candidates built beforehand."""
+    one, stop = decide_fleet(n, ch, prompt_tokens, rng)
+    time_calls(one, 1000)
+    out = _summary(time_calls(one, max(1000, rounds // 4)))
+    stop()
+    return out
+
+
+def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random
+                 ) -> tuple[Callable[[], object], Callable[[], None]]:
+    """The ``decide`` row's fleet, state and scheduler: one decision as a call (each with the
+    next seed), and what stops the state's service (for scripts that time it otherwise)."""
     from twisted.internet.task import Clock
 
     from pharos.config import Backend
@@ -229,10 +240,10 @@ def _scheduler_decide(n: int, ch: Any, prompt_tokens: int, rounds: int,
         req = SchedRequest("m", prompt_tokens, count[0], chain=ch)
         return sched.decide(req, sched.targets(req)).decision.target_terms
 
-    time_calls(one, 1000)
-    out = _summary(time_calls(one, max(1000, rounds // 4)))
-    state.service.stopService()
-    return out
+    def stop() -> None:
+        state.service.stopService()
+
+    return one, stop
 
 
 def machine() -> dict[str, Any]:

@@ -5,7 +5,7 @@
 # (fairness.sh, a-alone and a-fair, seeds 1-5); (3) issue 16's workers: 2 against 1
 # (workers-2026-12-02c, nginx + wrk). Each part logs uptime before and after.
 # (4) issue 10 item 6's decision time (pharos bench pick); (5) issue 16's floor runs
-# (floor/floor.sh: pharos bench overhead --floor, three runs).
+# (../quiet-2026-12-02b/floor.sh: pharos bench overhead --floor, three runs).
 # Usage: run_all.sh [PARTS...]   (peers fair workers pick floor; default the first three:
 # pick and floor were run by hand after them, in that order, as the same commands)
 set -uo pipefail
@@ -34,7 +34,8 @@ for part in $parts; do
             for i in 1 2; do .venv/bin/pharos bench pick --rounds 20000 --json \
                 > "$here/pick/full-$i.json"; done ;;
         floor)
-            RUNS="1 2 3" sh "$here/floor/floor.sh" > "$here/floor/floor.log" 2>&1 ;;
+            RUNS="1 2 3" sh contrib/bench/quiet-2026-12-02b/floor.sh "$here/floor" \
+                > "$here/floor/floor.log" 2>&1 ;;
     esac
     echo "== $part end $(date -u +%FT%TZ) rc=$? $(cut -d' ' -f1-3 /proc/loadavg)" >> "$here/uptime.txt"
 done

@@ -10,13 +10,7 @@ import random
 import sys
 import time
 
-from twisted.internet.task import Clock
-
-from pharos.config import Backend
-from pharos.policy import PolicyConfig
-from pharos.sched import SchedRequest, Scheduler
 from pharos.sim import bench
-from pharos.state.state import State
 
 
 def main() -> None:
@@ -25,24 +19,7 @@ def main() -> None:
     for _ in range(64):
         bench.mixed_candidates(n, rng)  # the generator where ``bench_decide`` leaves it
     ch = bench._chat(prompt_tokens, rng)
-    rng = random.Random(len(ch))
-    engines = {f"http://10.0.{i // 250}.{i % 250}:8000":
-               bench._Engine(rng.randint(0, 16), round(rng.random(), 3)) for i in range(n)}
-    clock = Clock()
-    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
-    sched = Scheduler(state, PolicyConfig())
-    state.set_backends([Backend(url=url, kind="vllm", capacity=16) for url in engines])
-    state.service.startService()
-    clock.pump([1.0] * 6)
-    for t in state.targets[::4]:
-        sched.index.record(ch.keys[: rng.randint(1, len(ch))], t.id, t.gen, clock.seconds())
-    count = [0]
-
-    def one() -> object:
-        count[0] += 1
-        req = SchedRequest("m", prompt_tokens, count[0], chain=ch)
-        return sched.decide(req, sched.targets(req)).decision.target_terms
-
+    one, stop = bench.decide_fleet(n, ch, prompt_tokens, random.Random(len(ch)))
     for _ in range(1000):
         one()
     gc.disable()
@@ -66,6 +43,7 @@ def main() -> None:
             one()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    stop()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""``pharos bench pick``'s decide row: it times the scheduler's whole decision, index included."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pharos.sim import bench
+
+
+def test_the_decide_fleet_routes_to_a_target_the_index_says_holds_the_chat() -> None:
+    """The row's fleet is one the scheduler prices with the prefix index: of 8 idle-ish
+    targets, the two recorded as holding the chat (every fourth) are the ones it picks."""
+    ch = bench._chat(800, random.Random(1))
+    one, stop = bench.decide_fleet(8, ch, 800, random.Random(len(ch)))
+    try:
+        chosen = {one()[0] for _ in range(20)}  # type: ignore[index]
+    finally:
+        stop()
+    assert chosen and chosen <= {0, 4}, chosen
+
+
+def test_pharos_bench_pick_only_decide_prints_the_row(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--only decide --json`` prints the decide row alone, with the policy that ran."""
+    assert bench.main_pick(["--only", "decide", "--rounds", "400", "--candidates", "8",
+                            "--prompt-tokens", "800", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["decide"]) == {"p50_us", "p99_us", "mean_us", "min_us"}
+    assert "cost" not in doc and doc["machine"]["policy"] is not None
