@@ -97,7 +97,13 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie is not alive
+    try:
+        # A process is gone once its last thread is: after a SIGKILL the leader can be a
+        # zombie while another thread still runs its exit and holds the process's files,
+        # the listening socket among them (a connection the kernel queued there is reset
+        # when that thread ends: seen as "Connection reset by peer" on the next request).
+        if len(os.listdir(f"/proc/{pid}/task")) > 1:
+            return True
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
