@@ -252,6 +252,8 @@ class Lease:
     prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
     kv_tokens: int = 0  # ...and the KV it takes that the engine's usage does not show
     started: bool = False  # ...the first byte of the reply arrived
+    #: The target's ``kv_round`` at its first byte (None before it).
+    kv_round: int | None = None
     #: Its first byte less the later of its grant and the target's previous first byte.
     prefill_window_sec: float | None = None
     granted_at: float = 0.0
@@ -275,6 +277,7 @@ class Lease:
             return
         self.started = True
         t = self.target
+        self.kv_round = t.kv_round
         now = self.sched.state.clock.seconds()
         since = self.granted_at
         if t.last_first_byte_at is not None and t.last_first_byte_at > since:
@@ -294,6 +297,12 @@ class Lease:
         self.sched.leases.discard(self)
         if self.chain:
             self.sched.root_ended(t.id, self.chain.keys[0])
+        if self.kv_tokens and (self.kv_round is None or self.kv_round == t.kv_round):
+            # Still counted in ``kv_sent_tokens`` (sent, or started, since the last round):
+            # its blocks are free in the engine now, and the next round's usage will not
+            # show them. Kept, a shared system prompt's hits filled a small pool's room
+            # within a round (shared-prefix bench: holders priced as full, misses).
+            t.kv_sent_tokens = max(0, t.kv_sent_tokens - self.kv_tokens)
         self.sched.released_at = self.sched.state.clock.seconds()
         if not self.started:
             self.started = True
@@ -1379,6 +1388,7 @@ class Scheduler:
             # until their first byte. Counting none of them priced a prompt as fitting a pool
             # a chunked prefill was still filling (w6 at 3 req/s, issue 10 item 4).
             t.kv_sent_tokens = t.kv_unstarted_tokens
+            t.kv_round += 1
             if (not t.kv_counts_cache and running == 0 and queued == 0 and t.inflight == 0
                     and v.kv_usage is not None and v.kv_usage > KV_AT_REST_CACHE):
                 t.kv_counts_cache = True

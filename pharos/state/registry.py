@@ -116,6 +116,9 @@ class Target:
     #: engine's usage holds none of a prompt still queued there and only the chunks computed
     #: so far of one being prefilled, so a round's usage does not count them either.
     kv_unstarted_tokens: int = 0
+    #: Rounds that reset ``kv_sent_tokens``: a lease that had its first byte in the current
+    #: one is still in it, and gives its KV back to it when it ends.
+    kv_round: int = 0
     quiet_rounds: int = 0  # rounds in a row pressed with no engine queue, after one set it
     #: The engine was seen reporting KV usage with nothing running or queued: it counts its
     #: prefix cache's fill, so its usage says nothing of the room a new prompt has.
@@ -128,7 +131,7 @@ class Target:
     #: that writing any of them leaves a fresh candidate equal to the cached one.
     QUIET: ClassVar[frozenset[str]] = frozenset({
         "pressed", "unstarted", "last_first_byte_at", "capacity_seen_queue",
-        "capacity_seen_max", "quiet_rounds", "gen", "kv_unstarted_tokens"})
+        "capacity_seen_max", "quiet_rounds", "gen", "kv_unstarted_tokens", "kv_round"})
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

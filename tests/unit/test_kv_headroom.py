@@ -114,6 +114,37 @@ def test_a_cache_hit_takes_its_cached_blocks_unless_a_request_there_holds_them()
     assert sched.candidate(t, 0).kv_free_tokens == 1600 - 1100
 
 
+def test_a_request_that_ended_gives_its_room_back_before_the_next_round() -> None:
+    """A request sent and ended within a round leaves no KV behind (vLLM frees its blocks;
+    the next round's usage will not show them): the room is back at once. One that had its
+    first byte before a round is counted by that round's usage, not by Pharos: its end
+    changes nothing Pharos counts. Without this, the hits on a shared system prompt (its
+    whole 500 tokens counted, as no other request held it) filled a small pool's room
+    within a round and the holders were priced as full."""
+    url = "http://v"
+    sched, state, clock = fleet({url: (vllm(0.5), BackendSpec(url=url, kind="vllm",
+                                                                capacity=8))})
+    clock.pump([1.0] * 6)
+    (t,) = state.targets
+    assert sched.candidate(t, 0).kv_free_tokens == 800
+    a = granted(sched.acquire("k", 1, SchedRequest("m", 600, 1)))
+    b = granted(sched.acquire("k", 1, SchedRequest("m", 100, 2)))
+    assert sched.candidate(t, 0).kv_free_tokens == 100
+    a.first_byte()
+    a.release()
+    assert sched.candidate(t, 0).kv_free_tokens == 700  # a's 600 back; b's 100 still out
+    b.first_byte()
+    sched.learn_capacity(t.backend)  # a round: the engine's usage counts b from now on
+    assert sched.candidate(t, 0).kv_free_tokens == 800
+    b.release()
+    assert sched.candidate(t, 0).kv_free_tokens == 800  # nothing of b was Pharos's to give
+    c = granted(sched.acquire("k", 1, SchedRequest("m", 300, 3)))
+    sched.learn_capacity(t.backend)  # c has no first byte: still counted after the round
+    assert sched.candidate(t, 0).kv_free_tokens == 500
+    c.release()  # ended without a first byte (an error): its room is back too
+    assert sched.candidate(t, 0).kv_free_tokens == 800
+
+
 def test_usage_held_at_rest_is_cache_fill_and_says_no_room() -> None:
     """An engine reporting 99 % KV usage with nothing running, queued or in flight counts its
     cache's fill (evictable blocks), not blocks running requests hold: its room is unknown
