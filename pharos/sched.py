@@ -18,7 +18,7 @@ import dataclasses
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred, fail
@@ -56,7 +56,7 @@ from pharos.prefix import (
     drop_oldest,
 )
 from pharos.retention import RootCaches
-from pharos.state.registry import BackendState, Target, View
+from pharos.state.registry import BackendState, Target, View, new_stamp
 from pharos.state.state import CachedView, State
 from pharos.state.stats import Sample, load_sample
 
@@ -221,6 +221,29 @@ class Guards:
     placement: ReplicaRule = field(default_factory=ReplicaRule)
 
 
+@dataclass(slots=True, eq=False)
+class _Fleet:
+    """The last full decision's candidates without a match over one list of targets, and what
+    they stay current for: no write to a target or its backend since ``stamp`` (a scan of
+    the stamps finds the few that had one), the clock in ``[lo, hi)`` (every kept view's
+    window), the same waiters ahead and the same peers' sums. A decision then rebuilds only
+    the targets written since and those in ``recheck`` (not kept: a cold model; or a view
+    that read ``replied_at``, which takes no stamp): under load a dispatch or a reply writes
+    one or two targets between two decisions, not 64."""
+
+    targets: list[Target]
+    base: list[Candidate]
+    cold: dict[int, bool]
+    colds: int
+    recheck: set[int]
+    stamp: int
+    queued: int
+    peers: dict[int, int] | None
+    lo: float
+    hi: float
+    pos: dict[int, int]  # target id to its place in ``targets``
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     """A decision with what went into it (for the lease, explain and tests)."""
@@ -251,6 +274,7 @@ class Lease:
     est_ttft: float | None = None  # the policy's estimate for this target, seconds
     prefill_sec: float = 0.0  # the policy's prefill estimate, queued on the target until...
     kv_tokens: int = 0  # ...and the KV it takes that the engine's usage does not show
+    kv_root: int = 0  # of ``kv_tokens``, its root's (the first there with that root pays it)
     started: bool = False  # ...the first byte of the reply arrived
     #: The target's ``kv_round`` at its first byte (None before it).
     kv_round: int | None = None
@@ -295,14 +319,26 @@ class Lease:
         t.inflight -= 1
         self.sched.shares.ended(self.key)
         self.sched.leases.discard(self)
+        # Its own blocks, and its root's once no other request there has that root (the
+        # first of them was charged the root; the last to end gives it back).
+        back = self.kv_tokens - self.kv_root
         if self.chain:
-            self.sched.root_ended(t.id, self.chain.keys[0])
-        if self.kv_tokens and (self.kv_round is None or self.kv_round == t.kv_round):
-            # Still counted in ``kv_sent_tokens`` (sent, or started, since the last round):
-            # its blocks are free in the engine now, and the next round's usage will not
-            # show them. Kept, a shared system prompt's hits filled a small pool's room
-            # within a round (shared-prefix bench: holders priced as full, misses).
-            t.kv_sent_tokens = max(0, t.kv_sent_tokens - self.kv_tokens)
+            back += self.sched.root_ended(t.id, self.chain.keys[0])
+        if back:
+            if self.kv_round is None or self.kv_round == t.kv_round:
+                # Still counted in ``kv_sent_tokens`` (sent, or started, since the last
+                # round): its blocks are free in the engine now, and the next round's usage
+                # will not show them. Kept, a shared system prompt's hits filled a small
+                # pool's room within a round (shared-prefix bench: holders priced as full,
+                # misses).
+                t.kv_sent_tokens = max(0, t.kv_sent_tokens - back)
+            else:
+                # It ran at the last round, whose usage shows its blocks: free now, room
+                # until the next round reads the usage again. Without this a small pool
+                # whose short requests end within a round looked full for the rest of it,
+                # and a system prompt's holder lost its hits to engines without it
+                # (shared-prefix bench in virtual time: the misses made cost's p99).
+                t.kv_freed_tokens += back
         self.sched.released_at = self.sched.state.clock.seconds()
         if not self.started:
             self.started = True
@@ -435,6 +471,8 @@ class Scheduler:
         #: Each target's last candidate with a match: (the unmatched candidate it copies, the
         #: matched tokens, the copy), served again while both are the same.
         self._matched: dict[Target, tuple[Candidate, int, Candidate]] = {}
+        #: Each (model, kind)'s kept fleet (``_Fleet``), for requests that exclude no target.
+        self._fleets: dict[tuple[str, str | None], _Fleet] = {}
         self._default_capacity = default_capacity
         #: ``models[].cost_model`` by model name, for backends without their own.
         self._model_costs: dict[str, tuple[float, float, float]] = {}
@@ -443,6 +481,9 @@ class Scheduler:
         #: Leases in flight by (target, root prefix): a prompt whose root another of them
         #: holds there finds its cached blocks already in the engine's KV usage.
         self.roots_inflight: Counter[tuple[int, int]] = Counter()
+        #: The root tokens the first of them was charged (``_kv_tokens``), given back when
+        #: the last one ends.
+        self.root_charge: dict[tuple[int, int], int] = {}
         #: Told of every decision that placed a request, with the request and the placement
         #: (shadow policies, ``pharos.shadow``: they queue it and return at once).
         self.on_route: Callable[[SchedRequest, Placement], None] | None = None
@@ -459,6 +500,7 @@ class Scheduler:
         self._full.clear()
         self._cands.clear()
         self._matched.clear()
+        self._fleets.clear()
 
     @property
     def default_capacity(self) -> int:
@@ -471,6 +513,7 @@ class Scheduler:
         self._full.clear()
         self._cands.clear()
         self._matched.clear()
+        self._fleets.clear()
 
     # --- admission -----------------------------------------------------------------------
 
@@ -663,7 +706,7 @@ class Scheduler:
                       policy=(req.policy or self.policy).name)
         target.queued_prefill += lease.prefill_sec
         target.unstarted += 1
-        lease.kv_tokens = self._kv_tokens(req, target.id, lease.predicted_tokens)
+        lease.kv_tokens, lease.kv_root = self._kv_tokens(req, target.id, lease.predicted_tokens)
         target.kv_sent_tokens += lease.kv_tokens
         target.kv_unstarted_tokens += lease.kv_tokens
         now = self.state.clock.seconds()
@@ -691,30 +734,37 @@ class Scheduler:
             self.on_route(req, placed)
         return lease
 
-    def _kv_tokens(self, req: SchedRequest, tid: int, predicted: int) -> int:
+    def _kv_tokens(self, req: SchedRequest, tid: int, predicted: int) -> tuple[int, int]:
         """The KV a prompt takes on its target that the engine's last reported usage does
-        not show: its uncached tokens, and its predicted cached ones too unless another
-        request in flight there has the same root. vLLM's usage counts the blocks of running
-        requests: a cached prefix no running request holds is free (evictable) there, and
-        becomes held once this prompt runs. Counting only the uncached part priced two cache
-        hits of 2,000 tokens as taking 500 tokens where they took 4,500 (mix at 3 req/s, issue
-        10 item 4: a prompt sent there as fitting waited 0.8 s for blocks)."""
-        if req.chain:
-            key = (tid, req.chain.keys[0])
-            held = self.roots_inflight[key] > 0
-            self.roots_inflight[key] += 1
-            if held:
-                return max(0, req.prompt_tokens - predicted)
-        return max(0, req.prompt_tokens)
+        not show, and the part of it that is its root's: its uncached tokens, and its
+        predicted cached ones too unless another request in flight there has the same root.
+        vLLM's usage counts the blocks of running requests: a cached prefix no running
+        request holds is free (evictable) there, and held once this prompt runs. Counting
+        only the uncached part priced two cache hits of 2,000 tokens as taking 500 tokens
+        where they took 4,500 (mix at 3 req/s, issue 10 item 4: a prompt sent there as
+        fitting waited 0.8 s for blocks)."""
+        tokens = max(0, req.prompt_tokens)
+        if not req.chain:
+            return tokens, 0
+        key = (tid, req.chain.keys[0])
+        held = self.roots_inflight[key] > 0
+        self.roots_inflight[key] += 1
+        if held:
+            return max(0, req.prompt_tokens - predicted), 0
+        root = min(tokens, req.chain.ends[0] // BYTES_PER_TOKEN)
+        self.root_charge[key] = root
+        return tokens, root
 
-    def root_ended(self, tid: int, root: int) -> None:
-        """A lease with this root on this target ended (``roots_inflight``)."""
+    def root_ended(self, tid: int, root: int) -> int:
+        """A lease with this root on this target ended (``roots_inflight``): the root's
+        tokens its first lease was charged when it was the last one, else 0."""
         key = (tid, root)
         n = self.roots_inflight[key] - 1
         if n > 0:
             self.roots_inflight[key] = n
-        else:
-            del self.roots_inflight[key]
+            return 0
+        self.roots_inflight.pop(key, None)
+        return self.root_charge.pop(key, 0)
 
     def _remember_full(self, sel: Selection, targets: list[Target]) -> None:
         """Every target of ``sel`` has no free slot now: remember it until the next ``kick``,
@@ -963,19 +1013,80 @@ class Scheduler:
         matches = self.index.lookup(req.chain, self._gen) if req.chain else {}
         stale = self._evicted_since(req, matches) if matches else ()
         root_bytes = req.chain.ends[0] if req.chain else 0
+        held: list[int] = []  # the candidates the index predicts hold the root
+        state = self.state
+        now = state.clock.seconds()
+        peer_inflight = self._peer_inflight if self.peers else None
+        fkey = None if req.exclude else (req.model, req.kind)
+        fleet = self._fleets.get(fkey) if fkey is not None else None
+        if (fleet is not None and not self.host_model and not self.host_evicted
+                and fleet.queued == queued and fleet.peers is peer_inflight
+                and fleet.lo <= now < fleet.hi and fleet.targets == targets):
+            cands = self._from_fleet(fleet, now, queued, peer_inflight)
+            cold, has_cold = dict(fleet.cold), fleet.colds > 0
+            if matches:
+                kept_matched, pos = self._matched, fleet.pos
+                for i in sorted(pos[tid] for tid in matches if tid in pos):
+                    c = cands[i]
+                    tid = c.target_id
+                    m = matches[tid]
+                    if m.matched_bytes >= root_bytes:
+                        held.append(tid)
+                    if tid not in stale and (matched := m.matched_bytes // BYTES_PER_TOKEN):
+                        t = targets[i]
+                        km = kept_matched.get(t)
+                        if km is not None and km[0] is c and km[1] == matched:
+                            cands[i] = km[2]
+                        else:
+                            cands[i] = with_match(c, matched)
+                            kept_matched[t] = (c, matched, cands[i])
+        else:
+            cands, cold, has_cold = self._full_loop(
+                targets, queued, now, peer_inflight, matches, stale, root_bytes, held, fkey)
+        owners = self._hot_owners(req, cands, held)
+        if owners:
+            root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
+            cands = [dataclasses.replace(c, matched_tokens=root_tokens)
+                     if c.target_id in owners else c for c in cands]
+        if req.chain and self.guards.eviction_pricing and len(cands) > 1:
+            evict = self._evictions(req, cands, matches, owners)
+            if evict:
+                cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
+                         if c.target_id in evict else c for c in cands]
+        if has_cold:
+            cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
+        if self.policy.name == "cost" and (has_cold or self._model_waiters):
+            cands = self._holds(req, cands, cold, now, waited)
+        affinity = None
+        if req.session is not None and self.policy.session_affinity:
+            affinity = self.sessions.get(req.session)
+        route = RouteReq(req.prompt_tokens, req.seed, affinity, self.turns.get(req.model, 0),
+                         req.chain.keys[0] if req.chain else None)
+        decision = pick(route, cands, req.policy or self.policy)
+        return Placement(decision, tuple(cands), cold, matches, owners, affinity, route)
+
+    def _full_loop(self, targets: list[Target], queued: int, now: float,
+                   peer_inflight: dict[int, int] | None, matches: dict[int, Match],
+                   stale: Container[int], root_bytes: int, held: list[int],
+                   fkey: tuple[str, str | None] | None
+                   ) -> tuple[list[Candidate], dict[int, bool], bool]:
+        """Every target's candidate, priced with its match (``held``: the targets the index
+        predicts hold the root), kept as ``fkey``'s fleet unless a host may have swapped a
+        model out (``_Fleet``). ``candidate`` inlined, and ``State.view_at``'s check of a kept
+        view: the clock and the peers' sums read once, not per target."""
         cands: list[Candidate] = []
         add = cands.append
         cold: dict[int, bool] = {}
         has_cold = False
-        held: list[int] = []  # the candidates the index predicts hold the root
-        # ``candidate`` inlined, and ``State.view_at``'s check of a kept view: the clock and
-        # the peers' sums read once, not per target.
-        state = self.state
-        view_at, now = state.view_at, state.clock.seconds()
+        view_at = self.state.view_at
         kept, kept_matched, host_model = self._cands, self._matched, self.host_model
         host_evicted = self.host_evicted
-        peer_inflight = self._peer_inflight if self.peers else None
-        for t in targets:
+        capture = fkey is not None and not host_model and not host_evicted
+        stamp = new_stamp()
+        recheck: set[int] = set()
+        lo, hi = -math.inf, math.inf
+        unmatched: list[Candidate] = []
+        for i, t in enumerate(targets):
             tid = t.id
             b = t.backend
             inflight = (t.inflight if peer_inflight is None
@@ -995,6 +1106,16 @@ class Scheduler:
                     c = e[4]
                 else:
                     c = self._keep(t, v, queued, inflight)
+                e = kept.get(t)
+                if e is None or e[4] is not c:
+                    e = None
+                    recheck.add(i)  # not kept (a cold model): built every time
+            if capture and e is not None:
+                ve = e[0]
+                lo, hi = max(lo, ve[3]), min(hi, ve[4])
+                if ve[5]:
+                    recheck.add(i)  # its view read ``replied_at``, which takes no stamp
+            unmatched.append(c)
             if (host_model and c.warm is not False and not inflight
                     and (hm := host_model.get(b.url)) is not None
                     and hm[0] != t.model and self._swapped_out(t, v, hm)):
@@ -1019,27 +1140,51 @@ class Scheduler:
             else:
                 cold[tid] = False
             add(c)
-        owners = self._hot_owners(req, cands, held)
-        if owners:
-            root_tokens = req.chain.ends[0] // BYTES_PER_TOKEN
-            cands = [dataclasses.replace(c, matched_tokens=root_tokens)
-                     if c.target_id in owners else c for c in cands]
-        if req.chain and self.guards.eviction_pricing and len(cands) > 1:
-            evict = self._evictions(req, cands, matches, owners)
-            if evict:
-                cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
-                         if c.target_id in evict else c for c in cands]
-        if has_cold:
-            cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
-        if self.policy.name == "cost" and (has_cold or self._model_waiters):
-            cands = self._holds(req, cands, cold, now, waited)
-        affinity = None
-        if req.session is not None and self.policy.session_affinity:
-            affinity = self.sessions.get(req.session)
-        route = RouteReq(req.prompt_tokens, req.seed, affinity, self.turns.get(req.model, 0),
-                         req.chain.keys[0] if req.chain else None)
-        decision = pick(route, cands, req.policy or self.policy)
-        return Placement(decision, tuple(cands), cold, matches, owners, affinity, route)
+        if capture:
+            assert fkey is not None
+            self._fleets[fkey] = _Fleet(
+                list(targets), unmatched, dict(cold), sum(cold.values()), recheck, stamp,
+                queued, peer_inflight, lo, hi, {t.id: i for i, t in enumerate(targets)})
+        elif fkey is not None:
+            self._fleets.pop(fkey, None)
+        return cands, cold, has_cold
+
+    def _from_fleet(self, fleet: _Fleet, now: float, queued: int,
+                    peer_inflight: dict[int, int] | None) -> list[Candidate]:
+        """The kept fleet's candidates without a match as of now: the targets written since
+        it was kept (their stamps) and those it rechecks are rebuilt, and kept in it."""
+        last, targets = fleet.stamp, fleet.targets
+        dirty = [i for i, t in enumerate(targets)
+                 if t.stamp > last or t.backend.stamp > last]
+        if dirty or fleet.recheck:
+            fleet.stamp = new_stamp()
+            kept, base, cold, recheck = self._cands, fleet.base, fleet.cold, fleet.recheck
+            for i in {*dirty, *recheck}:
+                t = targets[i]
+                inflight = (t.inflight if peer_inflight is None
+                            else t.inflight + peer_inflight.get(t.id, 0))
+                v = self.state.view_at(t, now)
+                e = kept.get(t)
+                if (e is not None and e[0][7] is v and e[1] == t.stamp and e[2] == inflight
+                        and e[3] == queued):
+                    c = e[4]
+                else:
+                    c = self._keep(t, v, queued, inflight)
+                    e = kept.get(t)
+                if e is not None and e[4] is c:
+                    ve = e[0]
+                    fleet.lo, fleet.hi = max(fleet.lo, ve[3]), min(fleet.hi, ve[4])
+                    if ve[5]:
+                        recheck.add(i)
+                    else:
+                        recheck.discard(i)
+                else:
+                    recheck.add(i)
+                is_cold = c.warm is False and not c.loading
+                fleet.colds += is_cold - cold[t.id]
+                cold[t.id] = is_cold
+                base[i] = c
+        return list(fleet.base)
 
     def failed_load(self, t: Target) -> None:
         """A cold dispatch to ``t`` failed: its host is not asked to load the model again
@@ -1388,6 +1533,7 @@ class Scheduler:
             # until their first byte. Counting none of them priced a prompt as fitting a pool
             # a chunked prefill was still filling (w6 at 3 req/s, issue 10 item 4).
             t.kv_sent_tokens = t.kv_unstarted_tokens
+            t.kv_freed_tokens = 0
             t.kv_round += 1
             if (not t.kv_counts_cache and running == 0 and queued == 0 and t.inflight == 0
                     and v.kv_usage is not None and v.kv_usage > KV_AT_REST_CACHE):
@@ -1533,11 +1679,14 @@ class Scheduler:
     def _kv_free(t: Target, v: View) -> int | None:
         """Tokens the engine's KV pool can still give a new prompt: the pool less what its
         running requests hold (vLLM's usage) less the prompts Pharos sent since that was
-        read; None unless the engine reports both, and for an engine whose usage counts its
-        cache's fill (``Target.kv_counts_cache``): evictable blocks are room."""
+        read, plus what its requests running then have freed since; None unless the engine
+        reports both, and for an engine whose usage counts its cache's fill
+        (``Target.kv_counts_cache``): evictable blocks are room."""
         if v.kv_usage is None or v.kv_pool_tokens is None or t.kv_counts_cache:
             return None
-        return max(0, int((1.0 - v.kv_usage) * v.kv_pool_tokens) - t.kv_sent_tokens)
+        pool = v.kv_pool_tokens
+        return max(0, min(pool, int((1.0 - v.kv_usage) * pool) - t.kv_sent_tokens
+                          + t.kv_freed_tokens))
 
     def _fits_if_cold(self, t: Target, size: int | None) -> bool | None:
         """Whether the model fits in the host's memory beside the models that have requests

@@ -107,7 +107,9 @@ def bench_decide(candidates: int = 64, prompt_tokens: int = 8000, rounds: int = 
     return {"bench": "pick", "candidates": candidates, "prompt_tokens": prompt_tokens,
             "rounds": rounds, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
             "decide": _scheduler_decide(candidates, ch, prompt_tokens, rounds,
-                                        random.Random(len(ch)))}
+                                        random.Random(len(ch))),
+            "decide/1w": _scheduler_decide_written(candidates, ch, prompt_tokens, rounds,
+                                                   random.Random(len(ch)))}
 
 
 def _chat(prompt_tokens: int, rng: random.Random) -> Chain:
@@ -140,6 +142,7 @@ def _with_index(fleets: list[list[Candidate]], n: int, prompt_tokens: int, round
     ch = chain("m", messages, None, None)
     # Its own generator, so the rows below see the same index as before the row was added.
     decide = _scheduler_decide(n, ch, prompt_tokens, rounds, random.Random(len(ch)))
+    written = _scheduler_decide_written(n, ch, prompt_tokens, rounds, random.Random(len(ch)))
     index = PrefixIndex()
     for k in range(50_000):
         index.record([rng.getrandbits(64)], k % n, 0, float(k))
@@ -172,7 +175,8 @@ def _with_index(fleets: list[list[Candidate]], n: int, prompt_tokens: int, round
     lookup = time_calls(lambda: index.lookup(ch, gens), rounds)
     hashing = time_calls(lambda: chain("m", messages, None, None), max(1000, rounds // 10))
     return {"cost+index": _summary(decision), "cost+index+reason": _summary(reason),
-            "lookup": _summary(lookup), "chain": _summary(hashing), "decide": decide}
+            "lookup": _summary(lookup), "chain": _summary(hashing), "decide": decide,
+            "decide/1w": written}
 
 
 class _Engine:
@@ -212,10 +216,22 @@ def _scheduler_decide(n: int, ch: Any, prompt_tokens: int, rounds: int,
     return out
 
 
-def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random
+def _scheduler_decide_written(n: int, ch: Any, prompt_tokens: int, rounds: int,
+                              rng: random.Random) -> dict[str, float]:
+    """``decide`` with one target written before each decision (``decide_fleet``)."""
+    one, stop = decide_fleet(n, ch, prompt_tokens, rng, written=1)
+    time_calls(one, 1000)
+    out = _summary(time_calls(one, max(1000, rounds // 4)))
+    stop()
+    return out
+
+
+def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random, written: int = 0
                  ) -> tuple[Callable[[], object], Callable[[], None]]:
     """The ``decide`` row's fleet, state and scheduler: one decision as a call (each with the
-    next seed), and what stops the state's service (for scripts that time it otherwise)."""
+    next seed), and what stops the state's service (for scripts that time it otherwise).
+    ``written``: targets written before each decision, the next ones in turn, as a dispatch
+    or a reply writes its target (the ``decide/1w`` row: the kept fleet rebuilds those)."""
     from twisted.internet.task import Clock
 
     from pharos.config import Backend
@@ -234,9 +250,13 @@ def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random
     for t in state.targets[::4]:
         sched.index.record(ch.keys[: rng.randint(1, len(ch))], t.id, t.gen, clock.seconds())
     count = [0]
+    targets = state.targets
 
     def one() -> object:
         count[0] += 1
+        for k in range(written):
+            t = targets[(count[0] * written + k) % n]
+            t.queued_prefill = t.queued_prefill  # a write its candidate reads: a new stamp
         req = SchedRequest("m", prompt_tokens, count[0], chain=ch)
         return sched.decide(req, sched.targets(req)).decision.target_terms
 
@@ -282,7 +302,7 @@ def main_pick(argv: list[str]) -> int:
               f"{a.rounds} rounds ({r['date']}, Python {r['machine']['python']}, "
               f"{r['machine']['cpus']} CPUs, policy {r['machine']['policy']})")
         for name in ("cost", "least-load", "cost+index", "cost+index+reason", "lookup", "chain",
-                     "decide"):
+                     "decide", "decide/1w"):
             if name in r:
                 print(f"  {name:<17} p50 {r[name]['p50_us']:7.1f} us   p99 "
                       f"{r[name]['p99_us']:7.1f} us   min {r[name]['min_us']:7.1f} us")

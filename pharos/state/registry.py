@@ -23,6 +23,12 @@ STALE_AFTER_INTERVALS = 3
 _STAMPS = count(1)
 
 
+def new_stamp() -> int:
+    """A stamp above every one taken so far: a target or backend written after this call has
+    a greater one (the scheduler's kept fleet finds what changed since it was built)."""
+    return next(_STAMPS)
+
+
 @dataclass(eq=False)
 class BackendState:
     """One engine endpoint: its spec, its plan, and the snapshots of its last rounds."""
@@ -119,6 +125,9 @@ class Target:
     #: Rounds that reset ``kv_sent_tokens``: a lease that had its first byte in the current
     #: one is still in it, and gives its KV back to it when it ends.
     kv_round: int = 0
+    #: KV of Pharos's requests that were running at the last round and have ended since:
+    #: that round's usage still shows their blocks, free in the engine now.
+    kv_freed_tokens: int = 0
     quiet_rounds: int = 0  # rounds in a row pressed with no engine queue, after one set it
     #: The engine was seen reporting KV usage with nothing running or queued: it counts its
     #: prefix cache's fill, so its usage says nothing of the room a new prompt has.

@@ -29,4 +29,30 @@ def test_pharos_bench_pick_only_decide_prints_the_row(
                             "--prompt-tokens", "800", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["decide"]) == {"p50_us", "p99_us", "mean_us", "min_us"}
+    assert set(doc["decide/1w"]) == {"p50_us", "p99_us", "mean_us", "min_us"}
     assert "cost" not in doc and doc["machine"]["policy"] is not None
+
+
+def test_the_written_decide_fleet_writes_one_target_per_decision() -> None:
+    """``decide/1w``'s fleet gives one target a new stamp before each decision, a different
+    one each time, so the row times the rebuild a dispatch between decisions causes."""
+    from pharos.state.registry import Target
+
+    ch = bench._chat(800, random.Random(1))
+    seen: list[int] = []
+    setattr_ = Target.__setattr__
+
+    def spy(self: Target, name: str, value: object) -> None:
+        if name == "queued_prefill":
+            seen.append(self.id)
+        setattr_(self, name, value)
+
+    one, stop = bench.decide_fleet(8, ch, 800, random.Random(len(ch)), written=1)
+    try:
+        Target.__setattr__ = spy  # type: ignore[method-assign]
+        for _ in range(3):
+            one()
+    finally:
+        Target.__setattr__ = setattr_  # type: ignore[method-assign]
+        stop()
+    assert len(seen) == 3 and len(set(seen)) == 3, seen

@@ -74,11 +74,12 @@ def fresh_check(state: State, sched: Scheduler, req: SchedRequest) -> None:
         state._views, sched._cands = kept_views, kept_cands
     if isinstance(targets, list):
         placed = sched.decide(req, targets)
-        kept = state._views, sched._cands, sched._matched
-        state._views, sched._cands, sched._matched = {}, {}, {}
+        kept = state._views, sched._cands, sched._matched, sched._fleets
+        state._views, sched._cands, sched._matched, sched._fleets = {}, {}, {}, {}
         again = sched.decide(req, targets)
-        state._views, sched._cands, sched._matched = kept
+        state._views, sched._cands, sched._matched, sched._fleets = kept
         assert placed.candidates == again.candidates
+        assert placed.cold == again.cold and placed.hot_owners == again.hot_owners
         assert placed.decision.target_id == again.decision.target_id
 
 
@@ -173,6 +174,64 @@ def test_kept_answers_equal_fresh_ones_through_random_events(seed: int) -> None:
                                                        None, None))
         fresh_check(state, sched, req)
     state.service.stopService()
+
+
+def test_a_decision_rebuilds_only_the_targets_written_since_the_last() -> None:
+    """Over 64 targets, a decision after another with no write in between, or with a lease
+    taken on one target (its in-flight count and KV written), takes the kept fleet instead of
+    going over every target, and its candidates equal those of a full pass; a new waiter
+    count ahead, a removed target or the clock past a round's staleness goes the full way."""
+    clock = Clock()
+    rng = random.Random(5)
+    engines = {f"http://10.0.{i // 250}.{i % 250}:8000": Engine(rng) for i in range(64)}
+    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
+    sched = Scheduler(state, PolicyConfig(), seed=lambda: 7)
+    state.set_backends([BackendSpec(url=url, kind="vllm", capacity=16) for url in engines])
+    state.service.startService()
+    clock.pump([0.5] * 4)
+    state.service.stopService()
+    system = {"role": "system", "content": "harbour pilot " * 200}
+    ch = chain("m", [system, {"role": "user", "content": "q"}], None, None)
+    for t in state.targets[::4]:
+        sched.index.record(ch.keys[:1], t.id, t.gen, clock.seconds())
+    req = SchedRequest("m", 900, 1, chain=ch)
+    full_passes = []
+    full_loop = sched._full_loop
+
+    def counted(*args: object) -> object:
+        full_passes.append(1)
+        return full_loop(*args)  # type: ignore[arg-type]
+
+    sched._full_loop = counted  # type: ignore[assignment,method-assign]
+
+    def decide(full: bool) -> None:
+        before = len(full_passes)
+        placed = sched.decide(req, sched.targets(req))
+        assert len(full_passes) - before == (1 if full else 0)
+        kept = state._views, sched._cands, sched._matched, sched._fleets
+        state._views, sched._cands, sched._matched, sched._fleets = {}, {}, {}, {}
+        again = sched.decide(req, sched.targets(req))
+        state._views, sched._cands, sched._matched, sched._fleets = kept
+        assert placed.candidates == again.candidates and placed.cold == again.cold
+        assert placed.decision.target_id == again.decision.target_id
+
+    decide(full=True)
+    decide(full=False)
+    t = state.targets[9]
+    t.inflight += 3
+    t.kv_sent_tokens += 500
+    decide(full=False)
+    assert next(c for c in sched.decide(req, sched.targets(req)).candidates
+                if c.target_id == t.id).inflight == 3
+    sched._waiting_models["m"] = 2
+    decide(full=True)
+    decide(full=False)
+    clock.advance(STALE_AFTER_INTERVALS * state.load_interval + 1.0)
+    decide(full=True)
+    state.set_backends([BackendSpec(url=url, kind="vllm", capacity=16)
+                        for url in list(engines)[1:]])
+    decide(full=True)
+    decide(full=False)
 
 
 def test_a_view_expires_exactly_when_its_round_goes_stale() -> None:

@@ -117,10 +117,10 @@ def test_a_cache_hit_takes_its_cached_blocks_unless_a_request_there_holds_them()
 def test_a_request_that_ended_gives_its_room_back_before_the_next_round() -> None:
     """A request sent and ended within a round leaves no KV behind (vLLM frees its blocks;
     the next round's usage will not show them): the room is back at once. One that had its
-    first byte before a round is counted by that round's usage, not by Pharos: its end
-    changes nothing Pharos counts. Without this, the hits on a shared system prompt (its
-    whole 500 tokens counted, as no other request held it) filled a small pool's room
-    within a round and the holders were priced as full."""
+    first byte before a round is counted by that round's usage: its end gives that room
+    back until the next round reads the usage again. Without these, the hits on a shared
+    system prompt (its whole 500 tokens counted, as no other request held it) filled a small
+    pool's room within a round and the holders were priced as full."""
     url = "http://v"
     sched, state, clock = fleet({url: (vllm(0.5), BackendSpec(url=url, kind="vllm",
                                                                 capacity=8))})
@@ -137,12 +137,51 @@ def test_a_request_that_ended_gives_its_room_back_before_the_next_round() -> Non
     sched.learn_capacity(t.backend)  # a round: the engine's usage counts b from now on
     assert sched.candidate(t, 0).kv_free_tokens == 800
     b.release()
-    assert sched.candidate(t, 0).kv_free_tokens == 800  # nothing of b was Pharos's to give
+    assert sched.candidate(t, 0).kv_free_tokens == 900  # the round's usage showed b's 100
+    sched.learn_capacity(t.backend)  # a usage read after b ended: nothing of b in it
+    assert sched.candidate(t, 0).kv_free_tokens == 800
     c = granted(sched.acquire("k", 1, SchedRequest("m", 300, 3)))
     sched.learn_capacity(t.backend)  # c has no first byte: still counted after the round
     assert sched.candidate(t, 0).kv_free_tokens == 500
     c.release()  # ended without a first byte (an error): its room is back too
     assert sched.candidate(t, 0).kv_free_tokens == 800
+
+
+def test_an_ended_request_leaves_its_root_to_another_request_with_it() -> None:
+    """Two requests with the same 1,000-token system prompt running at a round whose usage
+    shows them (1,200 of a 1,600-token pool: the root once, each one's own 100): the first
+    to end gives back only its own 100 tokens (the other still holds the root's blocks), the
+    last the rest, root included, so the room is the whole pool they left; the next round's
+    usage is the truth again."""
+    from pharos.prefix import chain
+
+    url = "http://v"
+    sched, state, clock = fleet({url: (vllm(0.75), BackendSpec(url=url, kind="vllm",
+                                                                 capacity=8))})
+    clock.pump([1.0] * 6)
+    (t,) = state.targets
+    system = {"role": "system", "content": "s" * 4000}
+
+    def req(n: int) -> SchedRequest:
+        ch = chain("m", [system, {"role": "user", "content": f"{n}" * 400}], None, None)
+        return SchedRequest("m", 1100, n, chain=ch)
+
+    first = req(1)
+    sched.index.record(first.chain.keys[:1], t.id, t.gen, clock.seconds())
+    a = granted(sched.acquire("k", 1, first))  # no request there holds the root: 1,100
+    b = granted(sched.acquire("k", 1, req(2)))  # the root in flight there: its own 100
+    root = first.chain.ends[0] // 4
+    assert (a.kv_tokens, b.kv_tokens) == (1100, 1100 - root) and root == 1000
+    for lease in (a, b):
+        lease.first_byte()
+    sched.learn_capacity(t.backend)  # the round's usage (75 %) holds both
+    assert sched.candidate(t, 0).kv_free_tokens == 400
+    a.release()
+    assert sched.candidate(t, 0).kv_free_tokens == 500
+    b.release()
+    assert sched.candidate(t, 0).kv_free_tokens == 1600
+    sched.learn_capacity(t.backend)
+    assert sched.candidate(t, 0).kv_free_tokens == 400
 
 
 def test_usage_held_at_rest_is_cache_fill_and_says_no_room() -> None:

@@ -21,6 +21,13 @@ Pharos, prompt and cached tokens, and the decision's candidates (estimate, wait,
 eviction price, utilization, learned prefill speed, free slots, KV room) as the scheduler saw
 them; and every 5 s each target's learned prefill speed, service time and capacity.
 
+``shared-serial`` and ``shared-burst`` (added 2026-12-07, issue 10 item 2) are
+``../shared-prefix.sh``'s set-up instead: w1 at 20 req/s for 40 s (15 s of warm-up), eight
+500-token system prompts, 10-40-token questions, 10-30-token replies, 250-block pools (about
+half the prompts fit once running requests have their blocks), KV usage as vLLM counts it,
+capacity not told (learned), the traffic starting one request at a time or all at once; run
+them with ``--policies prefix-aware,cost`` and ``table --base prefix-aware``.
+
 Usage (from a checkout, or with PYTHONPATH=TREE):
   python lightload_virtual.py run --seeds 1-10 --out results/      # one JSON per run
   python lightload_virtual.py table results/                         # the per-seed table
@@ -42,6 +49,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
+from pharos.bench.openloop import assign
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.policy import PolicyConfig
@@ -66,6 +74,18 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "mix": {"prompt_tokens": (2000, 2000), "unique_tokens": (1000, 3000)},
     "w6": {"prompt_tokens": (1000, 3000)},
 }
+#: ``../shared-prefix.sh``'s runs: name -> (workload, its arguments, start).
+_SHARED_ARGS: dict[str, Any] = {"prompt_tokens": (500, 500), "question_tokens": (10, 40),
+                                "output_tokens": (10, 30)}
+SHARED: dict[str, tuple[str, dict[str, Any], str]] = {
+    "shared-serial": ("w1", _SHARED_ARGS, "serial"),
+    "shared-burst": ("w1", _SHARED_ARGS, "burst"),
+}
+#: Per set: (rate, duration, warm-up, KV blocks, capacity told, KV usage counted as).
+SETTINGS: dict[str, tuple[float, float, float, int, bool, str | None]] = {
+    "shared-serial": (20.0, 40.0, 15.0, 250, False, "running"),
+    "shared-burst": (20.0, 40.0, 15.0, 250, False, "running"),
+}
 POLICIES = ("least-load", "cost")
 SAMPLE_SEC = 5.0
 #: Virtual seconds after the last arrival for the last replies.
@@ -83,10 +103,12 @@ def pct(values: Sequence[float], p: float) -> float | None:
 class _Engine:
     """A vLLM double without sockets: its model, its status pages from its flavor."""
 
-    def __init__(self, url: str, clock: Clock, seed: int) -> None:
+    def __init__(self, url: str, clock: Clock, seed: int, blocks: int = BLOCKS,
+                 kv_usage: str | None = None) -> None:
         self.url = url
+        extra: dict[str, Any] = {} if kv_usage is None else {"kv_usage_counts": kv_usage}
         self.double = EngineDouble("vllm", clock, slots=SLOTS, seed=seed,
-                                   cache_tokens=BLOCKS * BLOCK_TOKENS)
+                                   cache_tokens=blocks * BLOCK_TOKENS, **extra)
 
     def fetch(self, path: str) -> Deferred[Fetched]:
         rec = self.double.flavor.get(path, self.double.model.status())
@@ -126,16 +148,28 @@ def _r(x: float | None) -> float | None:
 
 def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
             duration: float = DURATION, warmup: float = WARMUP) -> dict[str, Any]:
-    """One run of ``policy`` on fresh engines with ``workload``'s requests of ``seed``."""
+    """One run of ``policy`` on fresh engines with ``workload``'s requests of ``seed`` (a
+    ``SHARED`` name: its own rate, duration, pools and start)."""
     clock = Clock()
-    reqs: list[Request] = generate(workload, seed, rate, duration, **WORKLOADS[workload])
-    engines = [_Engine(f"http://e{i}:8000", clock, seed * 100 + i) for i in range(ENGINES)]
+    blocks, told, kv_usage = BLOCKS, True, None
+    if workload in SHARED:
+        kind, args, start_mode = SHARED[workload]
+        rate, duration, warmup, blocks, told, kv_usage = SETTINGS[workload]
+        reqs: list[Request] = generate(kind, seed, rate, duration, start=start_mode, **args)
+    else:
+        reqs = generate(workload, seed, rate, duration, **WORKLOADS[workload])
+    engines = [_Engine(f"http://e{i}:8000", clock, seed * 100 + i, blocks, kv_usage)
+               for i in range(ENGINES)]
     by_url = {e.url: e for e in engines}
     rng = random.Random(f"lightload:{seed}")  # the same draws for every policy
     state = State(clock, None, rng=rng.random, fetcher_for=lambda spec: by_url[spec.url])
     seeds = random.Random(f"lightload-seeds:{seed}")
     req_seeds = [seeds.getrandbits(63) for _ in reqs]
-    sched = Scheduler(state, PolicyConfig(name=policy),  # type: ignore[arg-type]
+    # ``prefix-aware`` is the harness's own dispatch (production-stack's router, chosen in
+    # send order before the run, as ``pharos bench compare`` does): no lease, no Pharos.
+    direct = (assign([e.url for e in engines], reqs, "prefix-aware", seed)
+              if policy == "prefix-aware" else None)
+    sched = Scheduler(state, PolicyConfig(name="cost" if direct else policy),  # type: ignore[arg-type]
                       seed=lambda: rng.getrandbits(63))
 
     def on_round(b: Any) -> None:  # as PharosService._round
@@ -143,7 +177,7 @@ def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
         sched.kick()
 
     state.on_round = on_round
-    state.set_backends([BackendSpec(url=e.url, kind="vllm", capacity=SLOTS)
+    state.set_backends([BackendSpec(url=e.url, kind="vllm", capacity=SLOTS if told else None)
                         for e in engines])
     state.service.startService()
     clock.advance(1.0)  # the first round: the model is known
@@ -171,6 +205,21 @@ def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
         sreq = SchedRequest(parsed.model, parsed.prompt_tokens, req_seeds[i], chain=parsed.chain,
                             output_tokens=parsed.max_tokens)
         arrived = clock.seconds()
+        if direct is not None:
+            url = direct[i]
+            rec.update(engine=[e.url for e in engines].index(url), queued=0.0)
+
+            def first_direct(job: Job) -> None:
+                rec["ttft"] = round(clock.seconds() - arrived, 4)
+
+            def done_direct(job: Job) -> None:
+                rec.update(prompt=job.prompt_tokens, cached=job.cached_tokens,
+                           end=round(clock.seconds() - start, 4), out=job.tokens_done)
+
+            by_url[url].double.model.submit(GenRequest(parsed.model, prompt_text(CHAT, body),
+                                                       r.max_tokens),
+                                            _Listener(first_direct, done_direct))
+            return
         d = sched.acquire("bench", 1, sreq)
 
         def granted(lease: Lease) -> None:
@@ -288,14 +337,15 @@ def _ms(x: float | None) -> str:
 
 def main_table(a: argparse.Namespace) -> None:
     runs = _load(a.dir)
-    print("| workload | seed | least-load p50 | cost p50 | least-load p99 | cost p99 | "
-          "cost - least-load p99 | hit rate ll / cost | per engine ll | per engine cost |")
+    b = a.base
+    print(f"| workload | seed | {b} p50 | cost p50 | {b} p99 | cost p99 | "
+          f"cost - {b} p99 | hit rate {b} / cost | per engine {b} | per engine cost |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
     for w in sorted({k[0] for k in runs}):
         seeds = sorted({k[2] for k in runs if k[0] == w})
         losses = 0
         for s in seeds:
-            ll, c = runs.get((w, "least-load", s)), runs.get((w, "cost", s))
+            ll, c = runs.get((w, b, s)), runs.get((w, "cost", s))
             if ll is None or c is None:
                 continue
             d = c["p99"] - ll["p99"]
@@ -309,12 +359,12 @@ def main_table(a: argparse.Namespace) -> None:
 
 
 def main_diff(a: argparse.Namespace) -> None:
-    """Cost's slowest counted requests of one seed beside least-load's run of the same ones."""
+    """Cost's slowest counted requests of one seed beside the base policy's run of them."""
     runs = _load(a.dir)
-    c, ll = runs[(a.workload, "cost", a.seed)], runs[(a.workload, "least-load", a.seed)]
-    print(f"{a.workload} seed {a.seed}: cost p99 {_ms(c['p99'])} ms, least-load "
+    c, ll = runs[(a.workload, "cost", a.seed)], runs[(a.workload, a.base, a.seed)]
+    print(f"{a.workload} seed {a.seed}: cost p99 {_ms(c['p99'])} ms, {a.base} "
           f"{_ms(ll['p99'])} ms")
-    for name, run, other in (("cost", c, ll), ("least-load", ll, c)):
+    for name, run, other in (("cost", c, ll), (a.base, ll, c)):
         rows = sorted((r for r in run["records"] if r["at"] >= run["warmup"] and "ttft" in r),
                       key=lambda r: -r["ttft"])[: a.n]
         print(f"-- {name}'s slowest {a.n}")
@@ -322,7 +372,8 @@ def main_diff(a: argparse.Namespace) -> None:
             o = other["records"][r["i"]]
             print(f"  #{r['i']} at {r['at']:.2f} {r['tag']} prompt {r.get('prompt')} cached "
                   f"{r.get('cached')}: engine {r['engine']} ttft {_ms(r['ttft'])} ms (est "
-                  f"{_ms(r['est'])}, queued {_ms(r['queued'])}); other: engine {o.get('engine')} "
+                  f"{_ms(r.get('est'))}, queued {_ms(r['queued'])}); other: engine "
+                  f"{o.get('engine')} "
                   f"ttft {_ms(o.get('ttft'))} ms")
             for cand in r.get("cands", []):
                 print(f"      cand {cand}")
@@ -339,11 +390,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("table")
     t.add_argument("dir", type=Path)
+    t.add_argument("--base", default="least-load", help="the policy cost is set against")
     d = sub.add_parser("diff")
     d.add_argument("dir", type=Path)
     d.add_argument("workload")
     d.add_argument("seed", type=int)
     d.add_argument("-n", type=int, default=5)
+    d.add_argument("--base", default="least-load")
     a = p.parse_args(argv)
     {"run": main_run, "table": main_table, "diff": main_diff}[a.cmd](a)
 
