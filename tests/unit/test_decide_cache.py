@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 import pytest
 from twisted.internet.defer import Deferred
@@ -98,12 +99,17 @@ def edges(state: State) -> list[float]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_kept_answers_equal_fresh_ones_through_random_events(seed: int) -> None:
+def test_kept_answers_equal_fresh_ones_through_random_events(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A random run of rounds (some failing), leases taken, started and released with and
     without feedback, replies relayed, peers' gauges, ejections, a backend removed and back,
     restored stats, writes to the fields a candidate does not read, and clock steps that land
     on, just before and just after each staleness boundary: after every step the views, the
-    up targets, each candidate and the decision equal the ones built afresh."""
+    up targets, each candidate and the decision (from the kept fleet: its 5 targets are kept
+    as one here) equal the ones built afresh."""
+    import pharos.sched
+
+    monkeypatch.setattr(pharos.sched, "FLEET_MIN_TARGETS", 1)
     rng = random.Random(seed)
     clock = Clock()
     engines = {f"http://10.0.0.{i}:8000": Engine(rng) for i in range(5)}
@@ -232,6 +238,31 @@ def test_a_decision_rebuilds_only_the_targets_written_since_the_last() -> None:
                         for url in list(engines)[1:]])
     decide(full=True)
     decide(full=False)
+
+
+def engines_of(engines: dict[str, Engine]) -> Callable[[BackendSpec], Engine]:
+    """A ``fetcher_for`` over ``engines`` by URL."""
+    return lambda spec: engines[spec.url]
+
+
+def test_a_small_fleet_is_decided_by_the_full_pass() -> None:
+    """A fleet of fewer than ``FLEET_MIN_TARGETS`` targets keeps no fleet: its scan and
+    upkeep would cost more than the few kept-candidate tests it saves; one of that many
+    does."""
+    from pharos.sched import FLEET_MIN_TARGETS
+
+    for n, kept in ((FLEET_MIN_TARGETS - 1, False), (FLEET_MIN_TARGETS, True)):
+        clock = Clock()
+        engines = {f"http://10.0.0.{i}:8000": Engine(random.Random(i)) for i in range(n)}
+        state = State(clock, None, rng=lambda: 0.5, fetcher_for=engines_of(engines))
+        sched = Scheduler(state, PolicyConfig(), seed=lambda: 7)
+        state.set_backends([BackendSpec(url=url, kind="vllm", capacity=16) for url in engines])
+        state.service.startService()
+        clock.pump([0.5] * 4)
+        state.service.stopService()
+        req = SchedRequest("m", 900, 1)
+        sched.decide(req, sched.targets(req))
+        assert (list(sched._fleets) == [("m", None)]) is kept, n
 
 
 def test_a_view_expires_exactly_when_its_round_goes_stale() -> None:

@@ -32,6 +32,8 @@ Usage (from a checkout, or with PYTHONPATH=TREE):
   python lightload_virtual.py run --seeds 1-10 --out results/      # one JSON per run
   python lightload_virtual.py table results/                         # the per-seed table
   python lightload_virtual.py diff results/ mix 2                    # cost's slowest requests
+  python lightload_virtual.py run --variants 8 ... ; vtable results/  # each seed's loss: the
+                                     # requests' (most variants lose) or one draw's (few do)
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ def _r(x: float | None) -> float | None:
 
 
 def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
-            duration: float = DURATION, warmup: float = WARMUP) -> dict[str, Any]:
+            duration: float = DURATION, warmup: float = WARMUP, variant: int = 0
+            ) -> dict[str, Any]:
     """One run of ``policy`` on fresh engines with ``workload``'s requests of ``seed`` (a
     ``SHARED`` name: its own rate, duration, pools and start)."""
     clock = Clock()
@@ -161,9 +164,13 @@ def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
     engines = [_Engine(f"http://e{i}:8000", clock, seed * 100 + i, blocks, kv_usage)
                for i in range(ENGINES)]
     by_url = {e.url: e for e in engines}
-    rng = random.Random(f"lightload:{seed}")  # the same draws for every policy
+    # The same draws for every policy. A ``variant`` other than 0 draws the router's own
+    # random numbers (ties, jitter) from other streams: the same requests at the same times
+    # on the same engines, another run of the decisions (``vtable``).
+    tail = f":{variant}" if variant else ""
+    rng = random.Random(f"lightload:{seed}{tail}")
     state = State(clock, None, rng=rng.random, fetcher_for=lambda spec: by_url[spec.url])
-    seeds = random.Random(f"lightload-seeds:{seed}")
+    seeds = random.Random(f"lightload-seeds:{seed}{tail}")
     req_seeds = [seeds.getrandbits(63) for _ in reqs]
     # ``prefix-aware`` is the harness's own dispatch (production-stack's router, chosen in
     # send order before the run, as ``pharos bench compare`` does): no lease, no Pharos.
@@ -279,7 +286,7 @@ def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
     cached = sum(r.get("cached", 0) for r in counted)
     per_engine = [sum(1 for r in recs if r.get("engine") == k) for k in range(ENGINES)]
     return {
-        "workload": workload, "seed": seed, "policy": policy, "rate": rate,
+        "workload": workload, "seed": seed, "policy": policy, "variant": variant, "rate": rate,
         "duration": duration, "warmup": warmup, "requests": len(reqs), "counted": len(tt),
         "unserved": sum(1 for r in recs if "ttft" not in r),
         "p50": pct(tt, 50), "p90": pct(tt, 90), "p99": pct(tt, 99), "max": max(tt, default=None),
@@ -313,22 +320,57 @@ def main_run(a: argparse.Namespace) -> None:
     tree = _tree()
     for w in a.workloads.split(","):
         for seed in _seeds(a.seeds):
-            for policy in a.policies.split(","):
-                res = run_one(w, seed, policy, rate=a.rate)
+            for policy, variant in ((p, v) for v in range(a.variants)
+                                    for p in a.policies.split(",")):
+                res = run_one(w, seed, policy, rate=a.rate, variant=variant)
                 res["tree"] = tree
-                path = a.out / f"{w}-{policy}-seed{seed}.json"
+                path = a.out / (f"{w}-{policy}-seed{seed}.json" if not variant
+                                else f"{w}-{policy}-seed{seed}-v{variant}.json")
                 path.write_text(json.dumps(res, separators=(",", ":")) + "\n")
                 print(f"{w} seed {seed} {policy}: p50 {res['p50'] * 1000:.0f} ms, p99 "
                       f"{res['p99'] * 1000:.0f} ms, hit {res['hit_rate']}, per engine "
                       f"{res['per_engine']}, unserved {res['unserved']}", flush=True)
 
 
-def _load(d: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
-    out = {}
+def _load(d: Path, variants: bool = False) -> dict[Any, dict[str, Any]]:
+    """Runs by (workload, policy, seed), variant 0 only; by (..., variant) with ``variants``."""
+    out: dict[Any, dict[str, Any]] = {}
     for p in sorted(d.glob("*.json")):
         r = json.loads(p.read_text())
-        out[(r["workload"], r["policy"], r["seed"])] = r
+        v = r.get("variant", 0)
+        if variants:
+            out[(r["workload"], r["policy"], r["seed"], v)] = r
+        elif not v:
+            out[(r["workload"], r["policy"], r["seed"])] = r
     return out
+
+
+def main_vtable(a: argparse.Namespace) -> None:
+    """Per seed, cost's p99 against the base policy's over every variant of the run: whether
+    a seed's loss is the request sequence's (cost loses on most variants) or one run's draw
+    (it loses on few)."""
+    runs = _load(a.dir, variants=True)
+    b = a.base
+    print(f"| workload | seed | variants | {b} p99 (mean) | cost p99 (mean) | "
+          f"cost - {b} (mean) | variants cost loses |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for w in sorted({k[0] for k in runs}):
+        seeds = sorted({k[2] for k in runs if k[0] == w})
+        diffs: list[float] = []
+        for s in seeds:
+            vs = sorted(k[3] for k in runs if k[0] == w and k[1] == "cost" and k[2] == s
+                        and (w, b, s, k[3]) in runs)
+            if not vs:
+                continue
+            base = [runs[(w, b, s, v)]["p99"] for v in vs]
+            cost = [runs[(w, "cost", s, v)]["p99"] for v in vs]
+            d = [c - x for c, x in zip(cost, base, strict=True)]
+            diffs.append(sum(d) / len(d))
+            print(f"| {w} | {s} | {len(vs)} | {_ms(sum(base) / len(vs))} | "
+                  f"{_ms(sum(cost) / len(vs))} | {sum(d) / len(d) * 1000:+.0f} | "
+                  f"{sum(1 for x in d if x > 0)} of {len(vs)} |")
+        print(f"| {w} | seeds whose mean loses | | | | "
+              f"{sum(1 for x in diffs if x > 0)} of {len(diffs)} | |")
 
 
 def _ms(x: float | None) -> str:
@@ -388,9 +430,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--policies", default=",".join(POLICIES))
     r.add_argument("--rate", type=float, default=RATE)
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--variants", type=int, default=1,
+                   help="runs per seed and policy, each drawing the router's random numbers "
+                        "from another stream (variant 0: the usual run)")
     t = sub.add_parser("table")
     t.add_argument("dir", type=Path)
     t.add_argument("--base", default="least-load", help="the policy cost is set against")
+    v = sub.add_parser("vtable")
+    v.add_argument("dir", type=Path)
+    v.add_argument("--base", default="least-load")
     d = sub.add_parser("diff")
     d.add_argument("dir", type=Path)
     d.add_argument("workload")
@@ -398,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     d.add_argument("-n", type=int, default=5)
     d.add_argument("--base", default="least-load")
     a = p.parse_args(argv)
-    {"run": main_run, "table": main_table, "diff": main_diff}[a.cmd](a)
+    {"run": main_run, "table": main_table, "vtable": main_vtable, "diff": main_diff}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 seed's hit rate and p99 TTFT, their medians, and the cells where cost's p99 is over
 prefix-aware's (same seed). Misses: counted requests with under 400 cached tokens (a
 500-token system prompt plus a 10-40-token question: a hit caches ~95 %).
-Usage: python3 shared_table.py shared"""
+Usage: python3 shared_table.py shared [PREFIX_AWARE_DIR]   (the second: where prefix-aware's
+runs are, when they are not beside cost's: an A/B whose other tree ran cost alone)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def cell(path: Path) -> tuple[float, float, int, float]:
     return s["hit_rate"], s["ttft_s"]["p99"] * 1000, misses, s["busiest_share"]
 
 
-def main(root: Path) -> None:
+def main(root: Path, pa_root: Path | None = None) -> None:
     print("| KV usage | start | policy | hit rate (seeds) | p99 TTFT ms (seeds) | misses | "
           "busiest engine share | median hit | median p99 |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -32,7 +33,9 @@ def main(root: Path) -> None:
             base = root / kv / start / "w1" / "20"
             got: dict[str, dict[int, tuple[float, float, int, float]]] = {}
             for policy in ("prefix-aware", "cost"):
-                for path in sorted(base.glob(f"{policy}-seed*.json")):
+                where = base if pa_root is None or policy == "cost" else (
+                    pa_root / kv / start / "w1" / "20")
+                for path in sorted(where.glob(f"{policy}-seed*.json")):
                     seed = int(path.stem.rsplit("seed", 1)[1])
                     got.setdefault(policy, {})[seed] = cell(path)
             for policy, seeds in got.items():
@@ -54,4 +57,5 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "shared"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "shared"),
+         Path(sys.argv[2]) if len(sys.argv) > 2 else None)
