@@ -209,6 +209,12 @@ class Candidate:
     #: The backend's calibrated prefill cost (a, b, d): ``P(u, c) = a·u + b·u·(c + u/2) + d``
     #: (``backends[].cost_model``), used instead of ``prefill_sec_per_token``; None: learned.
     prefill_model: tuple[float, float, float] | None = None
+    #: ``capacity`` is Pharos's own estimate (learned, or the fallback), the engine has never
+    #: queued at it and reported no queue at its last round: it may run more. A target holding
+    #: the prompt's root is then given a slot past it while nothing queues ahead
+    #: (``pharos.sched.with_match``): priced as full, its hits went to engines without the
+    #: prompt, whose small caches the prompt then pushed others out of (issue 10 item 2).
+    capacity_open: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -852,7 +858,11 @@ def _tokens(n: int) -> str:
 def _label(c: Candidate) -> str:
     """The candidate's state in a reason: warm, loading or cold, and full without a free slot."""
     state = ("loading" if c.loading else "cold") if c.warm is False else "warm"
-    return state if c.free_slots > 0 else f"{state}, full"
+    if c.free_slots <= 0:
+        return f"{state}, full"
+    if c.capacity_open and c.inflight >= c.capacity:
+        return f"{state}, past its learned capacity"
+    return state
 
 
 def _decide(scored: _Scored, win: int, explain: Callable[[_Scored], Explanation]) -> Decision:

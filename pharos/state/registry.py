@@ -139,8 +139,8 @@ class Target:
     #: stamp (``pressed`` is set on every full candidate of every decision). A test checks
     #: that writing any of them leaves a fresh candidate equal to the cached one.
     QUIET: ClassVar[frozenset[str]] = frozenset({
-        "pressed", "unstarted", "last_first_byte_at", "capacity_seen_queue",
-        "capacity_seen_max", "quiet_rounds", "gen", "kv_unstarted_tokens", "kv_round"})
+        "pressed", "unstarted", "last_first_byte_at", "capacity_seen_max", "quiet_rounds",
+        "gen", "kv_unstarted_tokens", "kv_round"})
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

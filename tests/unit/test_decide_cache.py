@@ -319,8 +319,8 @@ def test_with_match_copies_every_field() -> None:
         # A distinct value of each field's type (a compiled Candidate checks the types).
         values[f.name] = {"warm": True, "fits_if_cold": False, "loading": True,
                           "kv_usage": 0.25, "victims": ("a", "b"), "load_basis": "basis",
-                          "held": "held", "prefill_model": (0.5, 0.25, 0.125)
-                          }.get(f.name, i + 1)
+                          "held": "held", "prefill_model": (0.5, 0.25, 0.125),
+                          "capacity_open": True}.get(f.name, i + 1)
     c = Candidate(**values)  # type: ignore[arg-type]
     assert with_match(c, 999) == dataclasses.replace(c, matched_tokens=999)
 
