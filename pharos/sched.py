@@ -1110,7 +1110,7 @@ class Scheduler:
             e = kept.get(t)
             # The kept candidate holds the kept view it was built from (``State.view_at``'s
             # entry): while that view is current (the same test as ``view_at``'s), so is it.
-            if (e is not None and (ve := e[0])[0] == t.stamp and ve[1] is b
+            if (e is not None and (ve := e[0])[0] == t.view_stamp and ve[1] is b
                     and ve[2] == b.stamp and ve[3] <= now < ve[4]
                     and (not ve[5] or ve[6] == b.replied_at) and e[1] == t.stamp
                     and e[2] == inflight and e[3] == queued):

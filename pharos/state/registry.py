@@ -133,8 +133,16 @@ class Target:
     #: prefix cache's fill, so its usage says nothing of the room a new prompt has.
     kv_counts_cache: bool = False
 
-    #: The stamp of its last write that its view or candidate may read (``_STAMPS``).
+    #: The stamp of its last write that its view or candidate may read (``_STAMPS``);
+    #: ``view_stamp``: of its last write that its view may read (``VIEWED``). A dispatch
+    #: writes only what the candidate reads (in-flight, KV sent, queued prefill), so the
+    #: next decision rebuilds the candidate and keeps the view.
     stamp: ClassVar[int] = 0
+    view_stamp: ClassVar[int] = 0
+    #: Fields ``view_of`` and ``view_expires`` read (a test checks that writing any other
+    #: leaves a fresh view equal to the kept one).
+    VIEWED: ClassVar[frozenset[str]] = frozenset({
+        "id", "backend", "model", "served", "loaded_reply_at", "last_release_at"})
     #: Fields neither ``view_of`` nor ``Scheduler.candidate`` reads, written without a new
     #: stamp (``pressed`` is set on every full candidate of every decision). A test checks
     #: that writing any of them leaves a fresh candidate equal to the cached one.
@@ -145,10 +153,14 @@ class Target:
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
         if name not in Target.QUIET:
-            object.__setattr__(self, "stamp", next(_STAMPS))
+            n = next(_STAMPS)
+            object.__setattr__(self, "stamp", n)
+            if name in Target.VIEWED:
+                object.__setattr__(self, "view_stamp", n)
 
     def touched(self) -> None:
-        """Something a view or candidate reads changed outside its fields (its stats)."""
+        """Something the candidate reads changed outside its fields (its stats; no view
+        reads them)."""
         object.__setattr__(self, "stamp", next(_STAMPS))
 
     @property

@@ -306,13 +306,13 @@ class State:
         """``view`` with the clock read by the caller (a decision reads it once)."""
         b = target.backend
         e = self._views.get(target)
-        if (e is not None and e[0] == target.stamp and e[1] is b and e[2] == b.stamp
+        if (e is not None and e[0] == target.view_stamp and e[1] is b and e[2] == b.stamp
                 and e[3] <= now < e[4] and (not e[5] or e[6] == b.replied_at)):
             return e[7]
         view = view_of(target, now, self.load_interval, self.full_interval, self.is_up)
         up_at, reads_replied = self.up_expires(b, now)
         until = min(up_at, view_expires(target, now, self.load_interval, self.full_interval))
-        self._views[target] = (target.stamp, b, b.stamp, now, until, reads_replied,
+        self._views[target] = (target.view_stamp, b, b.stamp, now, until, reads_replied,
                                b.replied_at, view)
         return view
 

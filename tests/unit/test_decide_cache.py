@@ -325,6 +325,37 @@ def test_with_match_copies_every_field() -> None:
     assert with_match(c, 999) == dataclasses.replace(c, matched_tokens=999)
 
 
+def test_a_write_no_view_reads_keeps_the_view() -> None:
+    """A dispatch's writes (in-flight, KV sent, queued prefill) keep the target's view (the
+    same object: the next decision rebuilds the candidate alone), and so does a write of any
+    field outside ``Target.VIEWED``: each leaves the kept view equal to a fresh one. A write
+    the view reads gives a new one."""
+    clock = Clock()
+    engine = Engine(random.Random(4))
+    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
+    state.set_backends([BackendSpec(url="http://e:1", kind="vllm")])
+    state.service.startService()
+    clock.pump([0.5] * 4)
+    state.service.stopService()
+    [t] = state.targets
+    now = clock.seconds()
+
+    def fresh() -> object:
+        return view_of(t, now, state.load_interval, state.full_interval, state.is_up)
+
+    kept = state.view(t)
+    for i, f in enumerate(dataclasses.fields(Target)):
+        if f.name in Target.VIEWED or f.name == "stats":
+            continue
+        before = t.stamp
+        setattr(t, f.name, True if f.type in ("bool", bool) else i + 7)
+        assert state.view(t) is kept and kept == fresh(), f.name
+        if f.name not in Target.QUIET:
+            assert t.stamp > before, f.name  # the candidate is rebuilt
+    t.last_release_at = now
+    assert state.view(t) is not kept and state.view(t) == fresh()
+
+
 def test_up_follows_rounds_and_replies_once_the_full_round_is_old() -> None:
     """Once a backend's full round is stale in time, its kept view's ``up`` follows the
     count of rounds since, and then the replies (``replied_at``, written per relayed chunk
