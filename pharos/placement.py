@@ -174,16 +174,22 @@ def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident]
 # --- item 2 and 4: replicas follow demand, single-model hosts group their swaps -------------
 
 #: A model warm on some hosts gets another only once its slot demand exceeds this share of
-#: their slots (``pharos.hot.UTILIZATION``'s 0.7, for the same reason: a queue builds well
-#: before a server is 100 % busy), or once waiting costs more than the load and its eviction.
-REPLICA_UTILIZATION: Final = 0.7
+#: their slots (all of them: the demand its hosts cannot serve), or once waiting costs more
+#: than the load and its eviction (a burst's queue). At 0.7 (``pharos.hot``'s share for root
+#: prefixes) a model keeping its slots 70 % busy loaded a copy over whatever went idle last,
+#: whatever that eviction cost (contrib/bench/placement-2026-12-07). The demand counts the
+#: requests wanting a slot, waiting ones included (``Scheduler._dispatched``).
+REPLICA_UTILIZATION: Final = 1.0
 #: The longest a request waits, for a warm slot or behind another model's queue on a
 #: single-model host, before a load is allowed for it (assumed: about ten loads of a 4 GB
 #: model; long enough to group a burst, short enough that a tail model is served).
 LOAD_WAIT_BOUND_SEC: Final = 30.0
-#: Seconds over which a model's slot demand decays to a half: ``pharos.hot``'s, so a burst
-#: shows within seconds (at 60 s, ten seconds of twice a host's load read as a third of it).
-SLOT_DEMAND_HALF_LIFE_SEC: Final = 10.0
+#: Seconds over which a model's slot demand decays to a half. The demand rule is for demand
+#: that lasts: a burst's queue is priced by the cost rule (a wait against the load and its
+#: eviction), and at 10 s (``pharos.hot``'s) a burst of the popular model loaded a copy
+#: over a model asked for again seconds later, which the next burst's load evicted in turn
+#: (contrib/bench/placement-2026-12-02c, -07).
+SLOT_DEMAND_HALF_LIFE_SEC: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -743,7 +743,7 @@ class Scheduler:
                 self.host_evicted[b.url] = (gone, now)
             elif he is not None:
                 del self.host_evicted[b.url]
-        lease.root_ahead = self._dispatched(req, target)
+        lease.root_ahead = self._dispatched(req, target, now - w.queued_at)
         if self.on_route is not None:
             self.on_route(req, placed)
         return lease
@@ -793,13 +793,20 @@ class Scheduler:
             until = min(until, e[4])
         self._full[sel] = (BackendState.changes, until, tuple(targets))
 
-    def _dispatched(self, req: SchedRequest, target: Target) -> int | None:
+    def _dispatched(self, req: SchedRequest, target: Target, waited: float = 0.0
+                    ) -> int | None:
         """Count the root's demand, note the root in the target's cache and remember the
-        session's target. Returns ``RootCaches.sent``'s answer."""
+        session's target. Returns ``RootCaches.sent``'s answer.
+
+        A model's slot demand counts the request's time waiting in Pharos with its service:
+        the requests wanting a slot, not only those holding one (by Little's law), so it can
+        exceed the slots its hosts serve when a queue persists, which is what the replica
+        rule asks (``placement.replica_needed``); counting service alone measured the slots
+        already busy, never more than there are."""
         now = self.state.clock.seconds()
         self.demand.add(req.model, now)
-        self.slot_demand.add(req.model, now,
-                             target.stats.service_sec.value or self.policy.service_sec_default)
+        self.slot_demand.add(req.model, now, max(0.0, waited) + (
+            target.stats.service_sec.value or self.policy.service_sec_default))
         ahead = None
         if req.chain:
             root = req.chain.keys[0]

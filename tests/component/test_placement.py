@@ -146,7 +146,8 @@ async def test_demand_above_one_hosts_slots_gets_a_second_host() -> None:
         assert not any("evicts pop" in reason for reason in copies), copies
         assert first.url in hosts_of(fleet, "pop")
         assert len(hosts_of(fleet, "pop")) >= 2
-        slots = fleet.pharos.sched.slot_demand.rate("pop", fleet.pharos.state.clock.seconds())
-        assert slots > 2 * 0.7  # more than one host's slots serve (replica_utilization)
+        # The copy came from the demand rule: the requests wanting pop's two slots (waiting
+        # ones counted) outnumbered them (replica_utilization 1.0).
+        assert any("replica needed: demand" in reason for reason in copies), copies
     finally:
         await fleet.stop()

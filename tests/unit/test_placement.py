@@ -14,6 +14,7 @@ from twisted.internet.task import Clock
 from pharos.config import Backend as BackendSpec
 from pharos.placement import (
     LOAD_BYTES_PER_SEC_DEFAULT,
+    SLOT_DEMAND_HALF_LIFE_SEC,
     LoadRates,
     ModelDemand,
     ReplicaRule,
@@ -367,13 +368,36 @@ def test_a_warm_model_queues_for_its_slot_until_its_demand_needs_another_host() 
     # Demand above what h1's slots serve: the copy is allowed now.
     for _ in range(8):
         sched.slot_demand.add("pop", clock.seconds(), 20.0)
-    assert sched.slot_demand.rate("pop", clock.seconds()) > 2 * 0.7
+    assert sched.slot_demand.rate("pop", clock.seconds()) > 2  # h1's 2 slots, all of them
     busy = sched.decide(r, sched.targets(r))
     assert busy.decision.target_id == on_h2(state, "pop").id
     assert not busy.decision.enqueue
     assert "no copy, a warm slot costs less" not in busy.decision.reason
     assert "replica needed: demand" in busy.decision.reason
     for x in leases:
+        x.release()
+
+
+def test_slot_demand_counts_a_requests_wait_for_its_slot() -> None:
+    """A model's slot demand counts the requests wanting a slot, not only those holding one:
+    a request that waited in Pharos adds its wait to its service time, so a queue that
+    persists can show a demand above the slots its hosts serve (the replica rule's test);
+    counting service alone, the measure could never exceed the slots already busy."""
+    sched, state, clock = pop_and_tail()
+    on_h2(state, "pop").stats.load_sec.add(60.0)  # a copy dear: the third request queues
+    leases = [granted(sched.acquire("k", 1, req("pop", seed=s))) for s in (1, 2)]
+    waiting = sched.acquire("k", 1, req("pop", seed=3))
+    assert not waiting.called
+    clock.advance(5.0)
+    now = clock.seconds()
+    before = sched.slot_demand.rate("pop", now)
+    leases[0].release()
+    third = granted(waiting)
+    assert third.target.backend.url == "http://h1:1"
+    service = third.target.stats.service_sec.value or sched.policy.service_sec_default
+    tau = SLOT_DEMAND_HALF_LIFE_SEC / math.log(2)
+    assert sched.slot_demand.rate("pop", now) - before == pytest.approx((5.0 + service) / tau)
+    for x in (leases[1], third):
         x.release()
 
 
