@@ -265,18 +265,27 @@ def test_a_small_fleet_is_decided_by_the_full_pass() -> None:
         assert (list(sched._fleets) == [("m", None)]) is kept, n
 
 
-def test_a_view_expires_exactly_when_its_round_goes_stale() -> None:
-    """A view kept from a fresh load round is served until the last moment the round is
-    fresh and rebuilt (its load unknown) once it is not, with no write in between."""
+def one_target(seed: int, running: int | None = None, capacity: int | None = None
+               ) -> tuple[State, Clock, Target]:
+    """A State with one vLLM double's target after two seconds of rounds (then stopped, so
+    the test moves the clock alone)."""
     clock = Clock()
-    engine = Engine(random.Random(1))
-    engine.running = 3
+    engine = Engine(random.Random(seed))
+    if running is not None:
+        engine.running = running
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
-    state.set_backends([BackendSpec(url="http://e:1", kind="vllm")])
+    state.set_backends([BackendSpec(url="http://e:1", kind="vllm", capacity=capacity)])
     state.service.startService()
     clock.pump([0.5] * 4)
     state.service.stopService()
     [t] = state.targets
+    return state, clock, t
+
+
+def test_a_view_expires_exactly_when_its_round_goes_stale() -> None:
+    """A view kept from a fresh load round is served until the last moment the round is
+    fresh and rebuilt (its load unknown) once it is not, with no write in between."""
+    state, clock, t = one_target(1, running=3)
     b = t.backend
     assert b.load_at is not None
     kept = state.view(t)
@@ -293,15 +302,8 @@ def test_writes_to_quiet_fields_change_no_candidate() -> None:
     """The target fields written without a new stamp (``Target.QUIET``) are read by neither
     the view nor the candidate: a candidate built after writing any of them equals the kept
     one (a new read of one must take it out of the list)."""
-    clock = Clock()
-    engine = Engine(random.Random(2))
-    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
+    state, clock, t = one_target(2)
     sched = Scheduler(state, PolicyConfig())
-    state.set_backends([BackendSpec(url="http://e:1", kind="vllm")])
-    state.service.startService()
-    clock.pump([0.5] * 4)
-    state.service.stopService()
-    [t] = state.targets
     for name in sorted(Target.QUIET):
         for value in (0, 7, True, False, None, 123.5):
             kept = sched.candidate(t, 1)
@@ -330,14 +332,7 @@ def test_a_write_no_view_reads_keeps_the_view() -> None:
     same object: the next decision rebuilds the candidate alone), and so does a write of any
     field outside ``Target.VIEWED``: each leaves the kept view equal to a fresh one. A write
     the view reads gives a new one."""
-    clock = Clock()
-    engine = Engine(random.Random(4))
-    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
-    state.set_backends([BackendSpec(url="http://e:1", kind="vllm")])
-    state.service.startService()
-    clock.pump([0.5] * 4)
-    state.service.stopService()
-    [t] = state.targets
+    state, clock, t = one_target(4)
     now = clock.seconds()
 
     def fresh() -> object:
@@ -360,14 +355,7 @@ def test_up_follows_rounds_and_replies_once_the_full_round_is_old() -> None:
     """Once a backend's full round is stale in time, its kept view's ``up`` follows the
     count of rounds since, and then the replies (``replied_at``, written per relayed chunk
     without a new stamp), as a fresh view does; the up-target list too."""
-    clock = Clock()
-    engine = Engine(random.Random(3))
-    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
-    state.set_backends([BackendSpec(url="http://e:1", kind="vllm")])
-    state.service.startService()
-    clock.pump([0.5] * 4)
-    state.service.stopService()
-    [t] = state.targets
+    state, clock, t = one_target(3)
     b = t.backend
 
     def check(up: bool) -> None:
@@ -392,15 +380,8 @@ def test_a_matched_candidate_is_kept_while_its_candidate_and_match_are() -> None
     """A target's candidate with a prefix match is served again (the same object) while its
     candidate without the match and the matched tokens are unchanged, and is built anew,
     equal to ``with_match`` of the current candidate, when either changes."""
-    clock = Clock()
-    engine = Engine(random.Random(4))
-    state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engine)
+    state, clock, t = one_target(4, capacity=4)
     sched = Scheduler(state, PolicyConfig())
-    state.set_backends([BackendSpec(url="http://e:1", kind="vllm", capacity=4)])
-    state.service.startService()
-    clock.pump([0.5] * 4)
-    state.service.stopService()
-    [t] = state.targets
     system = {"role": "system", "content": "harbour pilot " * 200}
     ch = chain("m", [system, {"role": "user", "content": "q " * 100}], None, None)
     sched.index.record(ch.keys[:1], t.id, t.gen, clock.seconds())
