@@ -22,9 +22,9 @@ $(NODE_STAMP): tests/clients/package.json tests/clients/package-lock.json
 	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
 	touch $(NODE_STAMP)
 
-# pharos.policy compiled by mypyc (mypy is a dev dependency; needs a C compiler and Python's
-# headers): pharos/compiled.py imports it only while it was built from the current source, which
-# stays the reference. Quick when current; rebuilt after every edit of pharos/policy.py.
+# pharos.policy and pharos.linkhash compiled by mypyc (mypy is a dev dependency; needs a C
+# compiler and Python's headers): pharos/compiled.py imports each only while it was built from
+# the current source, which stays the reference. Quick when current; rebuilt after every edit.
 compiled: $(STAMP)
 	$(PY) contrib/build_compiled.py
 

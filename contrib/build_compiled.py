@@ -1,5 +1,5 @@
-"""Build ``pharos.policy`` with mypyc (``make install`` runs this; ``pharos.compiled`` says
-why and how the result is used).
+"""Build ``pharos.policy`` and ``pharos.linkhash`` with mypyc (``make install`` runs this;
+``pharos.compiled`` says why and how the result is used).
 
 For each module of ``pharos.compiled.COMPILED``: the source is copied into a scratch directory
 with its SHA-256 appended (``SOURCE_SHA256``), compiled there by mypyc (mypy is a dev

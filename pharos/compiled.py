@@ -1,11 +1,13 @@
-"""Compiled modules (issue 10 item 6): ``pharos.policy`` compiled by mypyc, imported in place
-of its source only when it was built from that very source.
+"""Compiled modules (issue 10 item 6): ``pharos.policy`` and ``pharos.linkhash`` compiled by
+mypyc, each imported in place of its source only when it was built from that very source.
 
 The pick's per-candidate arithmetic costs about 0.4 us a candidate interpreted, half of a
 decision over 64 targets; compiled, the same source runs several times faster. The source
 stays the reference: ``make install`` builds ``pharos/policy.mypyc<EXT_SUFFIX>`` from
 ``pharos/policy.py`` (``contrib/build_compiled.py``, which embeds the source's SHA-256 in it),
-and a test compares the compiled and interpreted decisions over random fleets. The built
+and a test compares the compiled and interpreted decisions over random fleets. The chain's
+common links (``pharos.linkhash``) are built the same way and tested the same way against the
+general path. The built
 file's name is no module's, so Python never imports it on its own: only this finder does,
 and only when the hash embedded in it is the source's beside it. Otherwise (the source
 edited since the build, no build, a build for another Python, ``PHAROS_COMPILED=0``) the
@@ -24,7 +26,7 @@ from types import ModuleType
 from typing import Final
 
 #: The modules built by ``contrib/build_compiled.py``.
-COMPILED: Final = ("pharos.policy",)
+COMPILED: Final = ("pharos.policy", "pharos.linkhash")
 #: The environment variable that, set to ``0``, imports the sources (A/B, debugging).
 ENV: Final = "PHAROS_COMPILED"
 #: How each module of ``COMPILED`` was imported in this process: ``compiled``, or

@@ -71,6 +71,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
+from pharos.linkhash import common_links
+
 Source: TypeAlias = Literal["local", "peer", "restored"]
 Outcome: TypeAlias = Literal[
     "predicted_hit", "wrong_prediction", "unpredicted_hit", "miss", "unknown"
@@ -281,7 +283,8 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
     fields, each length-prefixed. Fed to one SHA-256 piece by piece, so a long content is
     encoded once and never copied (the same bytes, and digests, as hashing their
     concatenation). The common message (a known role, a string content, nothing else) takes
-    the short path: half of a 16-message chain's time was per-message overhead."""
+    the short path: half of a 16-message chain's time was per-message overhead, and runs of
+    such messages go to ``pharos.linkhash`` (compiled)."""
     tools_bytes = _canonical(tools) if tools else b""
     if _ANNOTATION in tools_bytes:
         tools_bytes = _unmarked(tools_bytes) or tools_bytes
@@ -292,7 +295,14 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
     sha256 = hashlib.sha256
     from_bytes = int.from_bytes
     roles = _ROLE_FIELDS
-    for message in messages:
+    i, count = 0, len(messages)
+    while True:
+        # Runs of common messages are hashed by the compiled loop; any other message here.
+        i, prev, total = common_links(prev, messages, i, total, keys, ends)
+        if i >= count:
+            break
+        message = messages[i]
+        i += 1
         extra_field = _NO_EXTRA
         if type(message) is dict:
             role = message.get("role", "")

@@ -275,8 +275,10 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "processor": platform.processor() or None,
-            # the policy compiled by mypyc, or why it is interpreted (``pharos.compiled``)
-            "policy": compiled.status.get("pharos.policy")}
+            # the policy and the chain's common links compiled by mypyc, or why each is
+            # interpreted (``pharos.compiled``)
+            "policy": compiled.status.get("pharos.policy"),
+            "linkhash": compiled.status.get("pharos.linkhash")}
 
 
 def main_pick(argv: list[str]) -> int:
