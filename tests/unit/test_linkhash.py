@@ -4,10 +4,7 @@ any mix of common and other messages; its compiled form and its source agree."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
@@ -16,22 +13,13 @@ from hypothesis import strategies as st
 import pharos.prefix
 from pharos import compiled, linkhash
 from pharos.prefix import Chain, chain
+from tests.unit.test_policy_compiled import reference
 
 SOURCE = Path(compiled.__file__).with_name("linkhash.py")
 ARTIFACT = Path(compiled.artifact(str(SOURCE)))
 
 
-def _reference() -> ModuleType:
-    """pharos/linkhash.py interpreted, as a module of its own."""
-    spec = importlib.util.spec_from_file_location("pharos_linkhash_reference", SOURCE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-REF = _reference()
+REF = reference(SOURCE)
 
 
 class Text(str):

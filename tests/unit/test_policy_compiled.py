@@ -27,9 +27,10 @@ SOURCE = Path(compiled.__file__).with_name("policy.py")
 ARTIFACT = Path(compiled.artifact(str(SOURCE)))
 
 
-def _reference() -> ModuleType:
-    """pharos/policy.py interpreted, as a module of its own."""
-    spec = importlib.util.spec_from_file_location("pharos_policy_reference", SOURCE)
+def reference(source: Path) -> ModuleType:
+    """A compiled module's source interpreted, as a module of its own (``pharos_<stem>_
+    reference``), whatever ``pharos.compiled`` imported under its name."""
+    spec = importlib.util.spec_from_file_location(f"pharos_{source.stem}_reference", source)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it runs
@@ -37,7 +38,7 @@ def _reference() -> ModuleType:
     return module
 
 
-REF = _reference()
+REF = reference(SOURCE)
 IS_COMPILED = compiled.status.get("pharos.policy") == "compiled"
 needs_build = pytest.mark.skipif(not IS_COMPILED, reason="pharos.policy is not compiled here "
                                  f"({compiled.status.get('pharos.policy')})")
