@@ -222,6 +222,12 @@ class Shares:
                 del self._seen[key]
                 self._keys.pop(key, None)
 
+    def over_share(self, key: str, capacity: int, now: float) -> bool:
+        """Whether one more request of ``key`` puts it (or its tenant) over its share of
+        ``capacity`` while another active key is entitled to one more: the room's test
+        whatever the free slots (``Scheduler`` paces such a key's prefills)."""
+        return self.must_leave_room(key, 1, 0, capacity, now)
+
     def must_leave_room(self, key: str, weight: int, free: int, capacity: int,
                         now: float) -> bool:
         """Whether ``key``'s request should wait although ``free`` slots (of ``capacity``)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred, fail
+from twisted.internet.interfaces import IDelayedCall
 
 from pharos.config import DEFAULT_TENANT
 from pharos.engine.library import LLAMASWAP
@@ -214,6 +215,7 @@ class SchedRequest:
     chain: Chain = EMPTY  # the prompt's prefix chain (empty: no prediction)
     session: int | None = None  # the conversation it names (x-session-id or ``user``), hashed
     output_tokens: int | None = None  # the client's output limit (max_tokens), if it set one
+    stream: bool = False  # its reply is streamed: its first byte ends its prefill (pacing)
     #: The policy routing it (its model's, or its A/B arm: ``pharos.models``); None: the
     #: scheduler's. A retry carries the same, so it stays on its arm.
     policy: PolicyConfig | None = None
@@ -271,6 +273,14 @@ class Placement:
     route: RouteReq | None = None  # what the policy was given (shadow policies replay it)
 
 
+#: The longest pacing holds a target for a key over its share after a streamed request was
+#: sent there, if no first byte comes sooner (an engine that stalls is the watchdog's).
+#: Assumed. A reply that is not streamed holds nothing: its first byte is its last, and a
+#: predicted TTFT in its place would throttle the flooding key wherever the prediction is
+#: long (a layer-1 overload test lost a third of its heavy grants so).
+PACE_MAX_SEC = 2.0
+
+
 @dataclass(eq=False)
 class Lease:
     """A slot on a target, held for one request; released once, with its feedback."""
@@ -303,6 +313,9 @@ class Lease:
     prefix: str | None = None
     #: The policy that routed it (``x-pharos-policy``, metrics).
     policy: str = ""
+    #: Its reply is streamed (``SchedRequest.stream``): its first byte holds its target's
+    #: pacing until then (``Target.unstarted_streams``).
+    stream: bool = False
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
@@ -458,6 +471,11 @@ class Scheduler:
         self._full: dict[Selection, tuple[int, float, tuple[Target, ...]]] = {}
         #: Placement decisions run for waiters (``_try_place``): the count a test reads.
         self.decisions = 0
+        #: Grants held back by pacing (a key over its share waits for the prefills already
+        #: sent to its target to start), and the call that retries them when no first byte
+        #: comes before the predicted one (a reply that is not streamed).
+        self.paced = 0
+        self._pace_call: IDelayedCall | None = None
         #: Leases held now, for the watchdog; when a request last started or a lease was
         #: last given back (a queue with neither for long is wedged: /healthz).
         self.leases: set[Lease] = set()
@@ -649,6 +667,41 @@ class Scheduler:
 
     # --- placing one request -------------------------------------------------------------
 
+    def _pace(self, w: _Waiter, req: SchedRequest, targets: list[Target], placed: Placement,
+              target: Target) -> tuple[Placement, Target] | None:
+        """Pacing: a key over its share, while a key under its share is active, sends a
+        target no prefill while the prefills already sent there have not started. A
+        vLLM-like engine runs the prompts joining a step with its decodes, so each prefill a
+        flooding key adds to a step delays the light key's requests arriving during it or
+        joining it; one at a time per target bounds that to one prompt. The light key's own
+        unstarted request holds its target too, so no flooding prefill joins its first step.
+        Streamed requests only (``Target.unstarted_streams``): their first byte says their
+        prefill ended. A held target's request goes to the best target not held, or waits
+        for a first byte (at most ``PACE_MAX_SEC`` after the last streamed send). Returns
+        the placement to use, or None to wait."""
+        now = self.state.clock.seconds()
+        if now >= target.pace_until or not self.shares.over_share(
+                w.key, sum(c.capacity for c in placed.candidates), now):
+            return placed, target
+        self.paced += 1
+        ts = self.state.targets
+        held = frozenset(c.target_id for c in placed.candidates
+                         if ts[c.target_id].unstarted_streams
+                         and now < ts[c.target_id].pace_until)
+        if len(held) < len(targets):
+            other = self.decide(dataclasses.replace(req, exclude=req.exclude | held),
+                                [t for t in targets if t.id not in held], now - w.queued_at)
+            d = other.decision
+            if d.target_id is not None and not d.enqueue:
+                return other, ts[d.target_id]
+        until = min(ts[i].pace_until for i in held)
+        call = self._pace_call
+        if call is None or not call.active() or call.getTime() > until:
+            if call is not None and call.active():
+                call.cancel()
+            self._pace_call = self.state.clock.callLater(until - now, self.kick)
+        return None
+
     def targets(self, req: SchedRequest) -> list[Target]:
         """The up targets the request may go to; raises UnknownModel or Unavailable."""
         up = self.state.targets_for(req.model)
@@ -699,8 +752,15 @@ class Scheduler:
                 sum(c.capacity for c in placed.candidates), self.state.clock.seconds()):
             return None
         target = self.state.targets[decision.target_id]
+        whole = placed  # the decision over every target (pacing may take one over fewer)
+        if target.unstarted_streams:
+            paced = self._pace(w, req, targets, placed, target)
+            if paced is None:
+                return None
+            placed, target = paced
+            decision = placed.decision
         target.inflight += 1
-        if self.queue.waiting > 1 and all(
+        if self.queue.waiting > 1 and placed is whole and all(
                 c.free_slots <= 0 or (c.target_id == target.id and c.free_slots == 1
                                       and c.capacity - 1 <= c.inflight)
                 for c in placed.candidates):
@@ -719,6 +779,10 @@ class Scheduler:
                       prefill_sec=terms[3] + terms[4],
                       policy=(req.policy or self.policy).name)
         target.queued_prefill += lease.prefill_sec
+        if req.stream:
+            lease.stream = True
+            target.unstarted_streams += 1
+            target.pace_until = self.state.clock.seconds() + PACE_MAX_SEC
         target.unstarted += 1
         lease.kv_tokens, lease.kv_root = self._kv_tokens(req, target.id, lease.predicted_tokens)
         target.kv_sent_tokens += lease.kv_tokens
@@ -832,6 +896,8 @@ class Scheduler:
         """The lease's prefill is done (or abandoned): off its target's queue."""
         t = lease.target
         t.unstarted -= 1
+        if lease.stream:
+            t.unstarted_streams -= 1
         t.queued_prefill = t.queued_prefill - lease.prefill_sec if t.unstarted > 0 else 0.0
         t.kv_unstarted_tokens = (max(0, t.kv_unstarted_tokens - lease.kv_tokens)
                                  if t.unstarted > 0 else 0)

@@ -351,6 +351,11 @@ class Metrics(Collector):
         waiting = GaugeMetricFamily("pharos_queue_waiting", "Requests in the fair queue now.")
         waiting.add_metric((), sched.waiting)
         yield waiting
+        paced = CounterMetricFamily("pharos_queue_paced", "Grants held back until the "
+                                    "prefills already sent to the target started: a key over "
+                                    "its share while one under its share is active.")
+        paced.add_metric((), sched.paced)
+        yield paced
         m = CounterMetricFamily("pharos_prefix_predictions", "Prefix decisions of requests "
                                 "that had a prediction, by where the predicting slot came "
                                 "from (local, peer, restored).", labels=("source", "outcome"))

@@ -283,7 +283,8 @@ class Exchange:
         parsed, path = self.parsed, self.path
         req = SchedRequest(parsed.model, parsed.prompt_tokens, self.sched.seed(), kind=self.kind,
                            chain=parsed.chain, session=self.session,
-                           output_tokens=parsed.max_tokens, policy=self.policy)
+                           output_tokens=parsed.max_tokens, policy=self.policy,
+                           stream=parsed.stream)
         who = self.who
         tried: set[int] = set()
         refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None

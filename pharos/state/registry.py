@@ -132,6 +132,11 @@ class Target:
     #: The engine was seen reporting KV usage with nothing running or queued: it counts its
     #: prefix cache's fill, so its usage says nothing of the room a new prompt has.
     kv_counts_cache: bool = False
+    #: How many of its unstarted requests are streamed (their first byte ends their prefill),
+    #: and until when the last one sent holds it for a key over its share (``Scheduler``
+    #: pacing: ``PACE_MAX_SEC`` after the send, unless every one has started before).
+    unstarted_streams: int = 0
+    pace_until: float = 0.0
 
     #: The stamp of its last write that its view or candidate may read (``_STAMPS``);
     #: ``view_stamp``: of its last write that its view may read (``VIEWED``). A dispatch
@@ -148,7 +153,8 @@ class Target:
     #: that writing any of them leaves a fresh candidate equal to the cached one.
     QUIET: ClassVar[frozenset[str]] = frozenset({
         "pressed", "unstarted", "last_first_byte_at", "capacity_seen_max", "quiet_rounds",
-        "gen", "kv_unstarted_tokens", "kv_round"})
+        "gen", "kv_unstarted_tokens", "kv_round", "pace_until",
+        "unstarted_streams"})
 
     def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

@@ -45,6 +45,7 @@ SNAPSHOT = {
     "pharos_target_load_seconds": {"backend", "model"},
     "pharos_target_service_seconds": {"backend", "model"},
     "pharos_queue_waiting": set(),
+    "pharos_queue_paced": set(),
     "pharos_prefix_predictions": {"source", "outcome"},
     "pharos_prefix_unfollowed": {"reason"},
     "pharos_policy_requests": {"policy", "model", "status"},

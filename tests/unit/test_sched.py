@@ -222,13 +222,15 @@ def test_a_key_over_its_share_leaves_the_last_slot_to_an_active_key_under_it() -
 
     sched, state, clock = fleet({"http://l:1": (llamacpp(slots=8), BackendSpec(url="http://l:1"))})
     alone = [granted(sched.acquire("solo", 1, req(seed=i))) for i in range(8)]
+    # Each heavy request starts as it is granted, so pacing (its own test) holds none here.
+    first_byte = lambda lease: (lease.first_byte(), lease)[1]  # noqa: E731
     for lease in alone:
         lease.release()
     clock.pump([1.0] * int(ACTIVE_SEC + 1))
     light_first = granted(sched.acquire("light", 1, req(seed=9)))
     light_first.release()
-    heavy = [sched.acquire("heavy", 1, req(seed=i)) for i in range(9)]
-    assert sum(d.called for d in heavy) == 7 and sched.waiting == 2
+    heavy = [sched.acquire("heavy", 1, req(seed=i)).addCallback(first_byte) for i in range(9)]
+    assert sum(d.called for d in heavy) == 7 and sched.waiting == 2 and sched.paced == 0
     light = granted(sched.acquire("light", 1, req(seed=10)))
     assert light.target is not None and sched.waiting == 2
     light.release()  # its slot is kept for it again while it stays active
@@ -236,3 +238,83 @@ def test_a_key_over_its_share_leaves_the_last_slot_to_an_active_key_under_it() -
     clock.pump([1.0] * int(ACTIVE_SEC + 1))  # rounds kick the queue
     # The light key has gone quiet: the heavy key gets the last slot.
     assert sum(d.called for d in heavy) == 8
+
+
+def test_a_key_over_its_share_starts_one_prefill_at_a_time_per_target() -> None:
+    """Sixteen slots, the light key active with a request running: the heavy key's streamed
+    requests within its share (eight) go at once; past it, each waits for the prefills
+    already sent to the target to start (their first byte), or PACE_MAX_SEC when none comes.
+    The light key's own requests are never held, a request not streamed holds nothing (its
+    first byte is its last), and a heavy key alone is not paced."""
+    import dataclasses
+
+    from pharos.fairq import ACTIVE_SEC
+    from pharos.sched import PACE_MAX_SEC
+
+    def stream(seed: int) -> SchedRequest:
+        return dataclasses.replace(req(seed=seed), stream=True)
+
+    sched, state, clock = fleet({"http://l:1": (llamacpp(slots=16),
+                                                BackendSpec(url="http://l:1"))})
+    light = granted(sched.acquire("light", 1, stream(99)))
+    light.first_byte()
+    heavy = [sched.acquire("heavy", 1, stream(i)) for i in range(10)]
+    assert sum(d.called for d in heavy) == 8 and sched.waiting == 2 and sched.paced > 0
+    started = [granted(d) for d in heavy[:8]]
+    for lease in started[:7]:
+        lease.first_byte()
+    assert sum(d.called for d in heavy) == 8  # one of them has not started yet
+    started[7].first_byte()
+    ninth = granted(heavy[8])
+    assert not heavy[9].called  # the ninth's prefill is the target's now
+    clock.advance(PACE_MAX_SEC * 0.9)
+    assert not heavy[9].called
+    clock.advance(PACE_MAX_SEC * 0.2)  # no first byte came: the hold ends
+    tenth = granted(heavy[9])
+    # The light key is under its share: never paced, whatever has not started.
+    light_again = granted(sched.acquire("light", 1, stream(98)))
+    for lease in (ninth, tenth, light_again):
+        lease.first_byte()
+    # Not streamed: the first holds nothing for the second, though it has no first byte.
+    plain = [granted(sched.acquire("heavy", 1, req(seed=30 + i))) for i in range(2)]
+    assert all(lease.target is not None for lease in plain)
+    # Alone (the light key done and silent past ACTIVE_SEC), the heavy key is not paced.
+    light.release()
+    light_again.release()
+    clock.pump([1.0] * int(ACTIVE_SEC + 1))
+    more = [sched.acquire("heavy", 1, stream(20 + i)) for i in range(3)]
+    assert all(d.called for d in more)
+
+
+def test_pacing_sends_a_flooding_key_to_a_target_not_held_and_a_stream_holds_to_its_first_byte(
+        ) -> None:
+    """Two targets of eight slots, the light key active: once the heavy key is over its share,
+    its request goes to the target whose prefills have all started rather than waiting for the
+    one holding an unstarted prefill; with both held it waits, and a streamed request holds
+    its target until its first byte, past its predicted TTFT (up to PACE_MAX_SEC)."""
+    import dataclasses
+
+    from pharos.sched import PACE_MAX_SEC
+
+    sched, state, clock = fleet({
+        "http://l:1": (llamacpp(slots=8), BackendSpec(url="http://l:1", capacity=8)),
+        "http://l:2": (llamacpp(slots=8), BackendSpec(url="http://l:2", capacity=8))})
+
+    def stream(seed: int) -> SchedRequest:
+        return dataclasses.replace(req(seed=seed), stream=True)
+
+    light = granted(sched.acquire("light", 1, stream(99)))
+    light.first_byte()
+    within = [granted(sched.acquire("heavy", 1, stream(i))) for i in range(8)]  # its share
+    for lease in within:
+        lease.first_byte()
+    a = granted(sched.acquire("heavy", 1, stream(10)))  # over its share: nothing unstarted
+    b = granted(sched.acquire("heavy", 1, stream(11)))
+    assert b.target is not a.target  # a's target is held by a's prefill
+    c = sched.acquire("heavy", 1, stream(12))
+    assert not c.called and sched.paced >= 1  # both held
+    assert a.est_ttft is not None and a.est_ttft < PACE_MAX_SEC * 0.9
+    clock.advance(min(a.est_ttft, b.est_ttft or 0.0) + 0.01)
+    assert not c.called  # streamed: held past the predicted TTFT, until a first byte
+    a.first_byte()
+    assert granted(c).target is a.target
