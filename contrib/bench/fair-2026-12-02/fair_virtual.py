@@ -18,10 +18,12 @@ No sockets, no real time: the same tree and seed give the same numbers on any ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,7 @@ class _Seq:
     first: bool = True
     joined: float | None = None  # when its first step started
     beside: int = 0  # prompts prefilled in the same step (its own included)
+    job: Any = None  # its job in an engine model (``../fair-2026-12-07/fair_batch.py``)
 
 
 @dataclass
@@ -78,6 +81,14 @@ class Engine:
         self.joining.append(s)
         if not self.stepping:
             self._step()
+
+    def cut(self, s: _Seq) -> bool:
+        """The client left: the sequence leaves its batch (whether it was in one)."""
+        for q in (self.running, self.joining):
+            if s in q:
+                q.remove(s)
+                return True
+        return False
 
     def _step(self) -> None:
         room = SLOTS - len(self.running)
@@ -124,9 +135,14 @@ def arrivals(seed: int, name: str, rate: float, duration: float
         out.append((t, rng.randint(200, 600), rng.randint(20, 60)))
 
 
-def run(seed: int, clients: list[dict[str, Any]], duration: float) -> dict[str, Any]:
+def run(seed: int, clients: list[dict[str, Any]], duration: float, *, timeout: float = 0.0,
+        engine: Callable[[Clock, str], Any] = Engine, stream: bool = False, tick: float = 0.01
+        ) -> dict[str, Any]:
+    """One run; ``timeout``: each request is cut that long after it arrived (0: never), as
+    the real-time bench's clients do; ``engine``: the engine model; ``stream``: the requests
+    say they are streamed (a tree that knows ``SchedRequest.stream``)."""
     clock = Clock()
-    engines = {f"http://e{i}:8000": Engine(clock, f"e{i}") for i in range(2)}
+    engines = {f"http://e{i}:8000": engine(clock, f"e{i}") for i in range(2)}
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
     seeds = iter(range(1, 1 << 30))
     sched = Scheduler(state, PolicyConfig(), seed=lambda: next(seeds))
@@ -139,7 +155,18 @@ def run(seed: int, clients: list[dict[str, Any]], duration: float) -> dict[str, 
     costs: dict[str, list[float]] = {}  # the fair queue's cost: output limit + prompt / 10
     waited: dict[str, list[float]] = {}  # arrival to grant, s (the wait in Pharos's queue)
 
-    def granted(lease: Lease, c: str, at: float, prompt: int, out: int) -> None:
+    live: dict[tuple[str, int], Any] = {}  # a request's grant, then its engine and sequence
+    cuts = [0]
+
+    def cut(c: str, i: int) -> None:
+        x = live.pop((c, i), None)
+        if isinstance(x, Deferred):
+            x.cancel()  # still queued: it leaves the queue
+        elif x is not None and x[0].cut(x[1]):
+            cuts[0] += 1
+            x[1].lease.release()
+
+    def granted(lease: Lease, c: str, at: float, prompt: int, out: int, i: int) -> None:
         e = engines[lease.target.backend.url]
         now = clock.seconds() - start
         if WARMUP <= now <= duration:  # shares while both send, not while the backlog drains
@@ -147,24 +174,32 @@ def run(seed: int, clients: list[dict[str, Any]], duration: float) -> dict[str, 
             costs.setdefault(c, []).append(out + prompt / 10)
         if at - start >= WARMUP:
             waited.setdefault(c, []).append(clock.seconds() - at)
-        e.add(_Seq(lease, out, at, c, prompt))
+        sq = _Seq(lease, out, at, c, prompt)
+        if (c, i) in live:
+            live[(c, i)] = (e, sq)
+        e.add(sq)
 
     def arrive(c: dict[str, Any], i: int, prompt: int, out: int) -> None:
         at = clock.seconds()
         n = c.get("count", 1)
         key = c["name"] if n == 1 else f"{c['name']}{i % n}"
-        d = sched.acquire(key, 1, SchedRequest(MODEL, prompt, i, output_tokens=out),
-                          tenant=c.get("tenant", "default"))
-        d.addCallback(granted, c["name"], at, prompt, out)
+        sr = SchedRequest(MODEL, prompt, i, output_tokens=out)
+        if stream:
+            sr = dataclasses.replace(sr, stream=True)
+        d = sched.acquire(key, 1, sr, tenant=c.get("tenant", "default"))
+        if timeout:
+            live[(c["name"], i)] = d
+            clock.callLater(timeout, cut, c["name"], i)
+        d.addCallback(granted, c["name"], at, prompt, out, i)
         d.addErrback(lambda f: None)
 
     for c in clients:
         for i, (t, p, o) in enumerate(arrivals(seed, c["name"], c["rate"], duration)):
             clock.callLater(t, arrive, c, i, p, o)
     while clock.seconds() - start < duration + 60:
-        clock.advance(0.01)
+        clock.advance(tick)
     state.service.stopService()
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"cuts": cuts[0]} if timeout else {}
     for c in clients:
         rows = sorted((x for e in engines.values() for x in e.ttfts
                        if x[1] == c["name"] and x[0] - start >= WARMUP), key=lambda x: x[2])
