@@ -303,3 +303,34 @@ async def test_a_browser_reaches_the_pages_with_basic_auth() -> None:
             assert r.code == 403
     finally:
         await f.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_flooding_keys_streamed_requests_are_paced_and_all_served() -> None:
+    """One 8-sequence engine, the light key active with a stream in flight: a burst of 12
+    streamed requests from the heavy key puts it over its share, so Pharos holds its next
+    request while one it sent has no first byte (pacing, counted in /metrics), and every
+    request of both keys is still served, the light key's next one among them."""
+    light, heavy = "phk-light", "phk-heavy"
+    keys = (Key(name="light", sha256=digest(light)), Key(name="heavy", sha256=digest(heavy)),
+            *KEYS)
+    f = await start_fleet([("vllm", {"slots": 8, "decode_s": 0.05},
+                            {"kind": "vllm", "capacity": 8})], keys=keys, tenants=TENANTS)
+    try:
+        def stream(n: int) -> dict[str, Any]:
+            return {**chat(max_tokens=n), "stream": True}
+
+        first = ensureDeferred(call(f, "POST", "/v1/chat/completions", light, stream(40)))
+        await eventually(lambda: f.pharos.sched.leases, timeout=10)
+        burst = [ensureDeferred(call(f, "POST", "/v1/chat/completions", heavy, stream(10)))
+                 for _ in range(12)]
+        await eventually(lambda: f.pharos.sched.paced > 0, timeout=10)
+        second = await within(ensureDeferred(call(f, "POST", "/v1/chat/completions", light,
+                                                  stream(4))), 30)
+        replies = await within(gatherResults(burst), 60)
+        assert second[0] == 200 and all(code == 200 for code, _, _ in replies)
+        assert (await within(first, 30))[0] == 200
+        code, text, _ = await call(f, "GET", "/metrics", ADMIN)
+        assert code == 200 and f"pharos_queue_paced_total {f.pharos.sched.paced}.0" in text
+    finally:
+        await f.stop()
