@@ -67,10 +67,11 @@ class Front:
         await close(self.listening)
 
 
-async def front(url: str, kind: str) -> Front:
-    """Start Pharos in front of the engine at ``url`` and wait for its first round."""
+async def front(url: str, kind: str, load_interval: float = 0.5) -> Front:
+    """Start Pharos in front of the engine at ``url`` and wait for its first round; rounds
+    every ``load_interval`` s (half the default, so tests learn sooner)."""
     config = Config(listen=Listen("127.0.0.1:0"), backends=(Backend(url=url, kind=kind),))  # type: ignore[arg-type]
-    pharos = PharosService(config, reactor, load_interval=0.5)
+    pharos = PharosService(config, reactor, load_interval=load_interval)
     pharos.startService()
     listening, base = serve(public_site(pharos))
     await pharos.state.when_ready()
