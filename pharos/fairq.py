@@ -21,6 +21,7 @@ the whole fleet. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,15 +175,43 @@ class FairQueue(Generic[W]):
 #: Seconds a key counts as active after its last request arrived or ended (assumed: a key
 #: sending a request every few seconds is a user in a session, one silent longer has left).
 ACTIVE_SEC = 10.0
-#: Free slots kept for active keys under their share while keys over theirs wait: one in
-#: ``ROOM_EVERY`` of the fleet's slots, at most ``ROOM_SLOTS``, none below ``ROOM_EVERY``
-#: slots (a small fleet keeps every slot busy). On 16 two-second slots (one frees about every
-#: 100 ms) a light key's p95 TTFT at 10:1 was 4.0-5.1x its p95 alone with no room, 1.4-4.7x
-#: with one slot and 1.23-1.38x with two (contrib/bench/fairness-2026-12-02b); the heavy key
-#: gives up those slots while the light key is active. A key alone, or keys all over their
-#: share, use every slot.
+#: The room (free slots kept for active keys under their share while keys over theirs wait)
+#: is sized to those keys' arrivals: the fewest slots that their own arrivals within
+#: ``ROOM_RELEASES`` of the fleet's mean intervals between releases take all of with
+#: probability at most ``ROOM_RISK`` (Poisson arrivals at the keys' summed rates): a request
+#: finding the room taken waits for a release, and the room refills one release at a time,
+#: releases bunching (16 two-second slots free one every ~125 ms on average, with gaps of
+#: 460 ms seen). A light key at 1.1 req/s there is kept 3 slots; one at 0.05 req/s, 1; many
+#: light keys together, more. Each slot kept idle costs the keys over their share 1/16 of
+#: that fleet while the light keys are active. Virtual time, 10:1, ten seeds, heavy clients
+#: never cut (contrib/bench/fair-2026-12-07): the fixed room of 2 let 0-4 light requests of
+#: 130 a run wait for a slot, light p95 at 10:1 / alone median 1.35x; this room, 0-3 and
+#: 1.22x, for 5.8 % of the heavy key's tokens (risk 0.02: 0-1 and 1.27x, for 8.6 %).
+ROOM_RELEASES = 4.0
+ROOM_RISK = 0.05
+#: The room is at most one in ``ROOM_SHARE`` of the fleet's slots, and none below
+#: ``ROOM_MIN_FLEET`` slots (a small fleet keeps every slot busy).
+ROOM_SHARE = 4
+ROOM_MIN_FLEET = 8
+#: The room when the fleet's release interval is unknown (one slot in eight, at most 2).
 ROOM_SLOTS = 2
 ROOM_EVERY = 8
+#: Half-life of a key's arrival-rate estimate, s.
+RATE_HALF_LIFE = ACTIVE_SEC
+_TAU = RATE_HALF_LIFE / math.log(2)  # the decayed count's time constant: count = rate * tau
+
+
+def room_for(rate: float, window: float, limit: int) -> int:
+    """The fewest slots ``r`` (at least 1, at most ``limit``) such that Poisson arrivals at
+    ``rate`` bring ``r`` or more within ``window`` with probability at most ``ROOM_RISK``."""
+    mean = rate * window
+    p = term = math.exp(-mean)  # P(N <= r - 1), from r = 1
+    r = 1
+    while r < limit and 1.0 - p > ROOM_RISK:
+        term *= mean / r
+        p += term
+        r += 1
+    return r
 
 
 class Shares:
@@ -197,12 +226,20 @@ class Shares:
         self.inflight: dict[str, int] = {}
         self._keys: dict[str, tuple[str, int, int]] = {}  # key -> tenant, weights
         self._seen: dict[str, float] = {}
+        #: key -> its arrivals' count decayed to the last one, that arrival, its first seen
+        self._arrivals: dict[str, tuple[float, float, float]] = {}
 
     def seen(self, key: str, weight: int, now: float, tenant: str = "", tenant_weight: int = 1
              ) -> None:
         """A request of ``key`` (of ``tenant``) arrived."""
         self._seen[key] = now
         self._keys[key] = (tenant, weight, tenant_weight)
+        a = self._arrivals.get(key)
+        if a is None:
+            self._arrivals[key] = (1.0, now, now)
+        else:
+            self._arrivals[key] = (a[0] * 2.0 ** ((a[1] - now) / RATE_HALF_LIFE) + 1.0, now,
+                                   a[2])
         if len(self._seen) > 4 * 1024:
             self._forget(now)
 
@@ -221,21 +258,41 @@ class Shares:
             if now - at > ACTIVE_SEC and key not in self.inflight:
                 del self._seen[key]
                 self._keys.pop(key, None)
+                self._arrivals.pop(key, None)
+
+    def rate(self, key: str, now: float) -> float:
+        """``key``'s arrivals a second: its exponentially decayed count over the decay's time
+        constant, or over the time since it was first seen while that is shorter (a key that
+        just came is not taken for a slow one)."""
+        a = self._arrivals.get(key)
+        if a is None:
+            return 0.0
+        n = a[0] * 2.0 ** ((a[1] - now) / RATE_HALF_LIFE)
+        return n / max(1.0, min(_TAU, now - a[2]))
 
     def over_share(self, key: str, capacity: int, now: float) -> bool:
         """Whether one more request of ``key`` puts it (or its tenant) over its share of
         ``capacity`` while another active key is entitled to one more: the room's test
         whatever the free slots (``Scheduler`` paces such a key's prefills)."""
-        return self.must_leave_room(key, 1, 0, capacity, now)
+        return self.must_leave_room(key, 1, -1, capacity, now)
+
+    @staticmethod
+    def room_limit(capacity: int) -> int:
+        """The largest room a fleet of ``capacity`` slots keeps: a grant with more slots free
+        never waits for the room (the scheduler's test before ``must_leave_room``)."""
+        return capacity // ROOM_SHARE if capacity >= ROOM_MIN_FLEET else 0
 
     def must_leave_room(self, key: str, weight: int, free: int, capacity: int,
-                        now: float) -> bool:
+                        now: float, release_sec: float | None = None) -> bool:
         """Whether ``key``'s request should wait although ``free`` slots (of ``capacity``)
         are free: no more than the room are, one more request would put ``key`` (or its
         tenant) over its share among the active keys, and another active key is entitled to
         one more (it and its tenant stay within their shares, or it has nothing in flight in
-        a tenant that stays within its share)."""
-        if free > min(ROOM_SLOTS, capacity // ROOM_EVERY) or key not in self._keys:
+        a tenant that stays within its share). ``release_sec``: the fleet's mean seconds
+        between releases (slots over service time), which sizes the room by the entitled
+        keys' arrival rates; unknown, the room is ``ROOM_SLOTS``."""
+        limit = self.room_limit(capacity)
+        if free > limit or key not in self._keys:
             return False
         active = [k for k, at in self._seen.items()
                   if k in self.inflight or now - at <= ACTIVE_SEC]
@@ -260,4 +317,18 @@ class Shares:
 
         if entitled(key, 1):
             return False  # one more stays within its share
-        return any(k != key and entitled(k, 1) for k in active)
+        under = [k for k in active if k != key and entitled(k, 1)]
+        if not under:
+            return False
+        if free < 0:
+            return True  # ``over_share``: the room's test, whatever its size
+        if release_sec is None:
+            room = min(ROOM_SLOTS, capacity // ROOM_EVERY)
+        else:
+            left = 0.0  # what the keys under their share may still start within it
+            for k in under:
+                t, w, tw = self._keys[k]
+                left += capacity * tw / total * w / key_w[t] - self.inflight.get(k, 0)
+            room = room_for(sum(self.rate(k, now) for k in under),
+                            ROOM_RELEASES * release_sec, max(1, min(limit, int(left))))
+        return free <= room

@@ -702,6 +702,17 @@ class Scheduler:
             self._pace_call = self.state.clock.callLater(until - now, self.kick)
         return None
 
+    def _release_sec(self, candidates: tuple[Candidate, ...]) -> float | None:
+        """The mean seconds between releases on ``candidates`` (their slots over their
+        learned service times, the mean of those learned where one is not yet), which sizes
+        the room (``pharos.fairq.room_for``); None while none is learned."""
+        known = [v for c in candidates if (v := c.service_sec)]
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        per_sec = sum(c.capacity / (c.service_sec or mean) for c in candidates)
+        return 1.0 / per_sec if per_sec > 0 else None
+
     def targets(self, req: SchedRequest) -> list[Target]:
         """The up targets the request may go to; raises UnknownModel or Unavailable."""
         up = self.state.targets_for(req.model)
@@ -747,9 +758,11 @@ class Scheduler:
             if not free:
                 self._remember_full(sel, targets)
             return None
-        if self.shares.must_leave_room(
-                w.key, w.weight, sum(max(0, c.free_slots) for c in placed.candidates),
-                sum(c.capacity for c in placed.candidates), self.state.clock.seconds()):
+        free_slots = sum(max(0, c.free_slots) for c in placed.candidates)
+        capacity = sum(c.capacity for c in placed.candidates)
+        if free_slots <= self.shares.room_limit(capacity) and self.shares.must_leave_room(
+                w.key, w.weight, free_slots, capacity, self.state.clock.seconds(),
+                self._release_sec(placed.candidates)):
             return None
         target = self.state.targets[decision.target_id]
         whole = placed  # the decision over every target (pacing may take one over fewer)

@@ -3,6 +3,7 @@ their head's virtual finish, costs over weights; idle keys bank no credit."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -177,3 +178,61 @@ def test_room_follows_tenant_shares() -> None:
     s.ended("b")
     s.ended("b")  # b at 6 of its 8: b goes, and a1 still waits for a2
     assert not s.must_leave_room("b", 1, 1, 16, 1.0)
+
+
+def test_room_for_keeps_enough_slots_for_poisson_arrivals_within_the_window() -> None:
+    """``room_for``: the fewest slots whose overflow (that many arrivals or more within the
+    window) has probability at most ``ROOM_RISK``: 3 for 1.1 req/s over 0.5 s (P(N >= 2) is
+    10 %, P(N >= 3) 1.9 %), 1 for a slow key, never more than the limit, never below 1."""
+    from pharos.fairq import ROOM_RISK, room_for
+
+    assert room_for(1.1, 0.5, 8) == 3
+    assert room_for(0.02, 0.5, 8) == 1
+    assert room_for(0.0, 0.5, 8) == 1
+    assert room_for(10.0, 0.5, 8) == 8  # wants more than the limit
+    assert room_for(10.0, 0.5, 1) == 1
+    mean = 4.0 * 0.5
+    for r in range(1, 12):  # the returned room is the first whose overflow is within the risk
+        over = 1.0 - sum(math.exp(-mean) * mean ** i / math.factorial(i) for i in range(r))
+        assert (room_for(4.0, 0.5, 99) <= r) == (over <= ROOM_RISK), r
+
+
+def test_a_keys_rate_is_its_recent_arrivals_a_second() -> None:
+    """``Shares.rate``: a key arriving twice a second for a minute reads about 2/s; one that
+    just came with three requests in a second reads 3/s, not a tenth of that (no time
+    constant's worth of history yet); an unknown key reads 0; a key silent for a minute
+    reads under a tenth of its rate."""
+    from pharos.fairq import Shares
+
+    s = Shares()
+    for i in range(120):
+        s.seen("steady", 1, i * 0.5)
+    assert 1.8 <= s.rate("steady", 60.0) <= 2.2
+    for t in (100.0, 100.4, 100.9):
+        s.seen("new", 1, t)
+    assert 2.5 <= s.rate("new", 101.0) <= 3.1
+    assert s.rate("unknown", 101.0) == 0.0
+    assert s.rate("steady", 120.0) < 0.2
+
+
+def test_the_room_grows_with_the_entitled_keys_rates() -> None:
+    """With the fleet's release interval known (16 slots, one release every 25 ms, the room's
+    window 0.1 s): a light key at 0.1 req/s is kept one slot, so the heavy key goes with two
+    free; at 10 req/s it is kept four (a quarter of the fleet, the limit), so the heavy key
+    waits with four free and goes with five; with the interval unknown, the fixed room of 2."""
+    from pharos.fairq import Shares
+
+    s = Shares()
+    s.seen("heavy", 1, 0.0)
+    for _ in range(14):
+        s.started("heavy")
+    for i in range(6):
+        s.seen("slow", 1, i * 10.0)
+    assert s.must_leave_room("heavy", 1, 1, 16, 55.0, release_sec=0.025)
+    assert not s.must_leave_room("heavy", 1, 2, 16, 55.0, release_sec=0.025)
+    for i in range(300):
+        s.seen("fast", 1, 60.0 + i * 0.1)
+    assert s.must_leave_room("heavy", 1, 4, 16, 90.0, release_sec=0.025)
+    assert not s.must_leave_room("heavy", 1, 5, 16, 90.0, release_sec=0.025)
+    assert s.must_leave_room("heavy", 1, 2, 16, 90.0, release_sec=None)
+    assert not s.must_leave_room("heavy", 1, 3, 16, 90.0, release_sec=None)

@@ -12,7 +12,11 @@ Every request is streamed (``SchedRequest.stream``), its first token at the end 
 that completes its prompt (``Lease.first_byte``). ``--timeout S`` cuts each request S s after
 it arrived, as the bench's clients do (queued: it leaves the queue; at the engine: cancelled).
 
+A finished request gives its target a sample, as the proxy does (``--no-learn``: none, so
+the targets never learn their service time, as the runs before 2026-12-07 17:30 had it).
+
 Usage: PYTHONPATH=TREE python fair_batch.py SEED [DURATION] [--timeout S] [--no-tenants]
+[--no-learn]
 -> one JSON line (``fair_virtual.py``'s, with ``timeout``). No sockets, no real time: the same
 tree and seed give the same numbers on any machine load.
 """
@@ -35,6 +39,11 @@ from twisted.internet.task import Clock
 from pharos.engine.fetch import Fetched
 from pharos.sim.batch import VLLM_KNOBS, BatchModel
 from pharos.sim.model import GenRequest, Job
+from pharos.state.stats import Sample
+
+#: Whether finished requests teach their target (``--no-learn``: not, as before 2026-12-07
+#: 17:30, when every target's service time stayed unknown).
+LEARN = True
 
 
 def _load_fair_virtual() -> Any:
@@ -67,7 +76,18 @@ class _Listener:
                                    admitted - s.arrived, 0))
 
     def done(self, job: Job) -> None:
-        self.s.lease.release()
+        lease = self.s.lease
+        if not LEARN:
+            lease.release()
+            return
+        # What the proxy gives back at a request's end, from which the target learns its
+        # service time (which sizes the fair queue's room) and its prefill speed.
+        now = self.eng.clock.seconds()
+        granted = lease.granted_at if lease.granted_at is not None else now
+        first = job.first_token_at if job.first_token_at is not None else now
+        lease.release(Sample(ok=True, dispatched_cold=False, ttft_sec=first - granted,
+                             duration_sec=now - granted, prompt_tokens=self.s.prompt,
+                             cached_tokens=0, prefill_window_sec=lease.prefill_window_sec))
 
 
 class Engine:
@@ -107,7 +127,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=0.0,
                     help="cut each request this many seconds after it arrived (0: never)")
     ap.add_argument("--no-tenants", action="store_true", help="skip run (b)")
+    ap.add_argument("--no-learn", action="store_true",
+                    help="release leases with no sample: targets learn no service time")
     args = ap.parse_args()
+    global LEARN
+    LEARN = not args.no_learn
     seed, duration = args.seed, args.duration
     import pharos
 
