@@ -7,7 +7,7 @@
 # mid-stream) and with 120 s (no request is cut), on two trees (worktrees with their compiled
 # modules; a-alone on AFTER only: pacing needs two keys). Seeds interleaved.
 # Usage: fair_rt.sh BEFORE AFTER OUT   (SEEDS="1 2 3 4 5", VARIANTS="t15:before t15:after
-# t120:before t120:after"). The first run of this file (rt-results.tar.xz) took one tree
+# t120:before t120:after", DURATION=60: seconds of arrivals). The first run of this file (rt-results.tar.xz) took one tree
 # with an experimental switch, PHAROS_PACE=0/1, in place of BEFORE/AFTER (see README).
 set -uo pipefail
 before=${1:?usage: fair_rt.sh BEFORE AFTER OUT}
@@ -23,12 +23,12 @@ printf 'clients:\n  - {name: light, share: 0.0909}\n  - {name: heavy, share: 0.9
 run() {  # MODE TIMEOUT TREE SEED OUTNAME
     local mode=$1 timeout=$2 tree=$3 seed=$4 name=$5
     echo "$name $seed $(date -u +%TZ) $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/uptime.txt"
-    PYTHONPATH="$tree" timeout -k 20 $(( 60 + timeout + 180 )) \
+    PYTHONPATH="$tree" timeout -k 20 $(( ${DURATION:-60} + timeout + 180 )) \
         "$pharos" bench compare --engines 2 --kind vllm --engine-arg=--max-num-seqs=8 \
         --engine-arg=--decode-ms=40 --backend-capacity 8 \
         --workload w6 --workload-arg 'prompt_tokens=[200,600]' \
         --workload-arg 'output_tokens=[20,60]' \
-        --rate 12 --duration 60 --warmup 5 --timeout "$timeout" \
+        --rate 12 --duration "${DURATION:-60}" --warmup 5 --timeout "$timeout" \
         --seeds "$seed" --policies cost --clients "$c/$mode.yaml" \
         --out "$out/$name" --resume || echo "fair_rt.sh: $name $seed failed" >&2
 }
