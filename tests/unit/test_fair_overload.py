@@ -22,8 +22,8 @@ def overload(seed: int, heavy_rate: float = 10.0, light_rate: float = 1.0,
     sched, state, clock = fleet({u: (llamacpp(slots=8), BackendSpec(url=u))
                                  for u in ("http://e0:1", "http://e1:1")})
     if learned:
-        for t in state.targets:
-            t.stats.service_sec.add(SERVICE)
+        for target in state.targets:
+            target.stats.service_sec.add(SERVICE)
     rng = random.Random(seed)
     light_waits: list[float] = []
     grants = {"heavy": 0, "light": 0}
