@@ -8,8 +8,9 @@ things kept here:
   per second loads took on that host, else the median over hosts, else
   ``LOAD_BYTES_PER_SEC_DEFAULT``;
 * ``ModelDemand``: each model's requests per second, a decaying count;
-* ``victims`` and ``reload_price``: which idle models a load pushes out (least recently used
-  first, as Ollama and the simulated engines unload) and what their next requests pay;
+* ``victims`` and ``reload_price``: which idle models a load pushes out (the cheapest, where
+  Pharos names them to the host; else the least recently used, its guess of the host's
+  choice) and what their next requests pay;
 * ``ReplicaRule`` with ``replica_hold`` and ``swap_hold``: when a request for a model that is
   warm somewhere queues for a warm slot instead of loading another copy (item 2), and when a
   single-model host serves the queued requests of its loaded model before it swaps (item 4),
@@ -151,19 +152,32 @@ class Resident:
     bytes: int  # its memory (VRAM when reported, else its size; 0: unknown)
     idle: bool  # no request in flight: the engine may unload it
     last_used: float  # when a request for it last ended (-inf: never seen)
+    #: What evicting it costs its next requests (``reload_price``), when Pharos names the
+    #: victim (``victims(named=True)``).
+    price: float = 0.0
 
 
-def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident]
-            ) -> list[Resident] | None:
-    """The idle models a load of ``size_bytes`` pushes out of ``memory_bytes``: none when
-    it fits beside the loaded ones, else the least recently used idle ones until it
-    fits (how Ollama and ``pharos.sim`` choose); None when even all idle ones are not
-    enough (the load waits: the policy sets it aside as not fitting)."""
+def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident],
+            named: bool = False) -> list[Resident] | None:
+    """The idle models a load of ``size_bytes`` pushes out of ``memory_bytes``: none when it
+    fits beside the loaded ones, else idle ones until it fits; None when even all idle ones
+    are not enough (the load waits: the policy sets it aside as not fitting).
+
+    ``named``: Pharos tells the engine which models to unload before the load (Ollama:
+    ``keep_alive: 0``, ``Lease.unload``), so the cheapest go first (the lowest ``price``,
+    then the least recently used): the models least likely to be asked for again, which is
+    what keeps the most requested ones resident (the optimal choice when requests are
+    independent draws, Aho, Denning and Ullman's A0). Otherwise the host chooses and the
+    least recently used go first: a guess (Ollama itself takes the shortest keep-alive, then
+    the lowest model path, server/sched.go ``findRunnerToUnload``, which Pharos cannot
+    predict: hence it names them there)."""
     free = memory_bytes - sum(r.bytes for r in resident)
     if size_bytes <= free:
         return []
     out: list[Resident] = []
-    for r in sorted((r for r in resident if r.idle), key=lambda r: r.last_used):
+    idle = [r for r in resident if r.idle]
+    idle.sort(key=(lambda r: (r.price, r.last_used)) if named else (lambda r: r.last_used))
+    for r in idle:
         out.append(r)
         free += r.bytes
         if size_bytes <= free:

@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall
 
 from pharos.config import DEFAULT_TENANT
-from pharos.engine.library import LLAMASWAP
+from pharos.engine.library import LLAMASWAP, OLLAMA
 from pharos.engine.signals import Residency
 from pharos.fairq import FairQueue, Shares
 from pharos.hot import UTILIZATION, HotPrefixes
@@ -132,6 +132,15 @@ def max_loaded(backend: BackendState) -> int | None:
     if limit is None and backend.kind == LLAMASWAP:
         return 1
     return limit
+
+
+def names_victims(backend: BackendState) -> bool:
+    """Whether Pharos tells the host which idle models a cold load pushes out (``Lease.unload``)
+    rather than leaving the choice to it: Ollama unloads a model on a request with no prompt
+    and ``keep_alive: 0`` (server/routes.go, sched.go ``expireRunner``: its keep-alive becomes
+    0, and a load needing room takes the shortest keep-alive first, ``findRunnerToUnload``).
+    The cost policy only: the baseline policies leave it to the host, as other routers do."""
+    return backend.kind == OLLAMA
 
 
 def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> Candidate:
@@ -316,6 +325,10 @@ class Lease:
     #: Its reply is streamed (``SchedRequest.stream``): its first byte holds its target's
     #: pacing until then (``Target.unstarted_streams``).
     stream: bool = False
+    #: The idle models (as the host names them) its cold load pushes out, which the proxy asks
+    #: the host to unload before sending it (``names_victims``): the ones Pharos priced as the
+    #: cheapest to lose, not whichever the host would take.
+    unload: tuple[str, ...] = ()
 
     def touch(self) -> None:
         """Bytes of the reply moved (called per relayed chunk)."""
@@ -815,6 +828,10 @@ class Scheduler:
                 won = next((c for c in placed.candidates if c.target_id == target.id), None)
                 if won is not None:
                     gone |= frozenset(won.victims)
+                    if won.victims and names_victims(b) and lease.policy == "cost":
+                        served = {o.model: o.served for o in self.state.targets
+                                  if o.backend is b}
+                        lease.unload = tuple(served[v] for v in won.victims if v in served)
             gone -= {target.model}  # loaded there again
             if gone:
                 self.host_evicted[b.url] = (gone, now)
@@ -1156,7 +1173,8 @@ class Scheduler:
                 cands = [dataclasses.replace(c, evict_tokens=evict[c.target_id])
                          if c.target_id in evict else c for c in cands]
         if has_cold:
-            cands = [self._priced(c, now) if cold[c.target_id] else c for c in cands]
+            name = (req.policy or self.policy).name == "cost"  # the baselines: the host's
+            cands = [self._priced(c, now, name) if cold[c.target_id] else c for c in cands]
         if self.policy.name == "cost" and (has_cold or self._model_waiters):
             cands = self._holds(req, cands, cold, now, waited)
         affinity = None
@@ -1460,7 +1478,7 @@ class Scheduler:
             return None, None
         return est[0], f"load_sec=size/{est[1]}"
 
-    def _priced(self, c: Candidate, now: float) -> Candidate:
+    def _priced(self, c: Candidate, now: float, name: bool = True) -> Candidate:
         """A cold candidate with its eviction price: the idle models its load would push out
         of the host's memory (``placement.victims``: none when it fits beside them; unknown
         without a size or ``memory_gb``, then nothing is priced) and the reloads their recent
@@ -1509,25 +1527,35 @@ class Scheduler:
                 by_model[h.model] = h
                 resident.append(Resident(h.model, hv.vram_bytes or hv.size_bytes or 0,
                                          idle=not h.inflight, last_used=hm[1]))
+        reach = horizon(self.keep_alive_sec)
+        fallback = self.policy.load_sec_default
+
+        def price_of(r: Resident) -> float:
+            o = by_model[r.model]
+            load = self._load_estimate(o, self.state.view_at(o, now).size_bytes)[0]
+            return reload_price(self.demand.rate(r.model, now),
+                                load if load is not None else fallback, reach)
+
+        named = name and names_victims(t.backend)
+        if named:
+            resident = [dataclasses.replace(r, price=price_of(r)) if r.idle else r
+                        for r in resident]
         out: list[Resident] | None = []
         rest = resident
         if limit is not None and (over := len(resident) - limit + 1) > 0:
-            # At its limit of loaded models: the least recently used idle ones go.
-            idle = sorted((r for r in resident if r.idle), key=lambda r: r.last_used)
+            # At its limit of loaded models: idle ones go (the cheapest when Pharos names
+            # them, else the least recently used).
+            idle = sorted((r for r in resident if r.idle),
+                          key=(lambda r: (r.price, r.last_used)) if named
+                          else (lambda r: r.last_used))
             out = idle[:over] if len(idle) >= over else None
             rest = [r for r in resident if out is None or r not in out]
         if out is not None and memory_gb is not None and size is not None:
-            more = victims(size, memory_gb * 1e9, rest)
+            more = victims(size, memory_gb * 1e9, rest, named)
             out = None if more is None else out + more
         if not out:
             return c
-        price = 0.0
-        for r in out:
-            o = by_model[r.model]
-            load = self._load_estimate(o, self.state.view_at(o, now).size_bytes)[0]
-            price += reload_price(self.demand.rate(r.model, now),
-                                  load if load is not None else self.policy.load_sec_default,
-                                  horizon(self.keep_alive_sec))
+        price = sum(r.price if named else price_of(r) for r in out)
         return dataclasses.replace(c, reload_sec=price, victims=tuple(r.model for r in out))
 
     def _evicted_since(self, req: SchedRequest, matches: dict[int, Match]) -> set[int]:

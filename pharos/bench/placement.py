@@ -54,7 +54,15 @@ from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
 from pharos.sched import Guards, Lease, SchedRequest, Scheduler
 from pharos.sim.double import EngineDouble
-from pharos.sim.model import DEFAULT_DECODE_S, DEFAULT_PREFILL_S, LOADED, LOADING, GenRequest, Job
+from pharos.sim.model import (
+    DEFAULT_DECODE_S,
+    DEFAULT_PREFILL_S,
+    LOADED,
+    LOADING,
+    UNLOAD,
+    GenRequest,
+    Job,
+)
 from pharos.sim.slots import SlotModel
 from pharos.sim.workloads import Request, multi_model
 from pharos.state.state import State
@@ -127,6 +135,9 @@ class RunResult:
     placement: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     #: Requests Pharos dispatched to a target it saw cold (None: the harness's dispatch).
     cold_dispatches: int | None = None
+    #: Victims Pharos named to the hosts before a cold load (``Lease.unload``; None: the
+    #: harness's dispatch).
+    unloads: int | None = None
 
     @property
     def loads_per_1000(self) -> float:
@@ -227,6 +238,7 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
         clock.advance(1.0)  # the first round: catalogues known
     start = clock.seconds()
     cold = 0
+    unload_models = [0]
 
     def submit(host: _Host, i: int, on_first: Callable[[Job], None],
                on_done: Callable[[Job], None]) -> None:
@@ -263,6 +275,10 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
                     load_sec=job.load_seconds if cfg.kind == OLLAMA else None,
                     prefill_window_sec=lease.prefill_window_sec))
 
+            for victim in lease.unload:  # what the proxy asks before sending (Ollama)
+                unload_models[0] += 1
+                host.double.model.submit(GenRequest(victim, control=UNLOAD, keep_alive=0.0),
+                                         _Listener(lambda job: None, lambda job: None))
             submit(host, i, first, done)
 
         d.addCallback(granted)
@@ -308,7 +324,8 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
         h.double.model.stop()
     return RunResult(cfg.name, policy, seed, len(reqs), sum(t is not None for t in ttft),
                      sum(h.model.loads for h in hosts), ttft, [r.model for r in reqs],
-                     placement, cold if sched is not None else None)
+                     placement, cold if sched is not None else None,
+                     unload_models[0] if sched is not None else None)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -343,7 +360,7 @@ def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
     return {
         "config": run.config, "policy": run.policy, "seed": run.seed,
         "requests": run.requests, "served": run.served, "loads": run.loads,
-        "cold_dispatches": run.cold_dispatches,
+        "cold_dispatches": run.cold_dispatches, "unloads": run.unloads,
         "loads_per_1000": run.loads_per_1000,
         "p50": pct(served, 0.5), "p95": pct(served, 0.95),
         "tail_requests": len(tail), "tail_p95": pct(tail, 0.95), "tail_fair": fair,

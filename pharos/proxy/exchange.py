@@ -72,6 +72,13 @@ class Send(Protocol):
                  fresh: bool = False) -> Deferred[IResponse]: ...
 
 
+class Unload(Protocol):
+    """Asks a target's host to unload its models ``models`` (a cold load's victims, as the
+    host names them); fires when done, never fails (``pharos.proxy.unload``)."""
+
+    def __call__(self, target: Target, models: tuple[str, ...]) -> Deferred[int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The exchange's time limits in seconds (config ``timeouts:``)."""
@@ -126,7 +133,8 @@ class Exchange:
                  limits: Limits, inflight: Inflight, session: int | None,
                  start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
                  who: Identity = OPEN,
-                 on_lease: Callable[[Lease], None] | None = None) -> None:
+                 on_lease: Callable[[Lease], None] | None = None,
+                 unload: Unload | None = None) -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
@@ -141,6 +149,7 @@ class Exchange:
         self.start_reply = start_reply
         self.who = who
         self.on_lease = on_lease  # told of each lease taken (the decision log)
+        self.unload = unload  # asks a host to unload a cold load's victims first
         #: Wraps each attempt's tap (a store-eligible /v1/responses request's capture,
         #: ``pharos.proxy.conversation``); None for every other request.
         self.capture: Callable[[StreamTap], Tap] | None = None
@@ -332,6 +341,10 @@ class Exchange:
             self._sent = True
             self._arm()
             try:
+                if lease.unload and self.unload is not None:
+                    # Pharos chose what the load pushes out (``Lease.unload``): that goes
+                    # first, or the host picks its own (its first-byte timer runs meanwhile).
+                    await self._wait(self.unload(target, lease.unload))
                 response = await self._wait(self.send(
                     target, path, parsed.forward_body(target.served), fresh=not stale_retry))
             except Exception as e:

@@ -17,7 +17,14 @@ from pharos.engine.library import OLLAMA
 from pharos.policy import Score, deciding_term
 from pharos.proxy import errors
 from pharos.proxy.parse import Parsed
-from pharos.sched import Placement, SchedRequest, Scheduler, Unavailable, UnknownModel
+from pharos.sched import (
+    Placement,
+    SchedRequest,
+    Scheduler,
+    Unavailable,
+    UnknownModel,
+    names_victims,
+)
 from pharos.state.registry import Target, View
 
 #: Routes explain accepts (the generation routes of §9).
@@ -117,6 +124,10 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         # A cold load's victims: the idle models it would push out of the host's memory,
         # and the reloads their recent demand makes likely (seconds; issue 15).
         "evicts_models": list(c.victims),
+        # Pharos asks the host to unload them before the load (Ollama: the cheapest, named);
+        # False: the host picks (the price is Pharos's guess of its choice).
+        "unloads_victims": (bool(c.victims) and names_victims(t.backend)
+                            and sched.policy.name == "cost"),
         "reload_price_sec": c.reload_sec,
         "load_basis": c.load_basis,
         # The backend's calibrated prefill cost (a, b, d), used instead of the learned speed.

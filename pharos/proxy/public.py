@@ -47,6 +47,7 @@ from pharos.proxy.explain import explain
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import collect, response_headers, send
+from pharos.proxy.unload import unload
 from pharos.sched import Lease, Scheduler
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
@@ -592,7 +593,8 @@ class PublicAPI:
         ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
                       send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=_session(request, parsed), start_reply=self._start_reply,
-                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens))
+                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens),
+                      unload=self._unload)
         ex.policy = self.fleet.policy_for(parsed.model, request_key(ex.session, rid))
         return ex
 
@@ -613,6 +615,9 @@ class PublicAPI:
                                                                          persistent=False))
             client = self._fresh
         return send(client, target.backend.url + path, body)
+
+    def _unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
+        return unload(self.client, self.clock, target.backend.url, models)
 
     def backend_down(self, backend: BackendState, why: str) -> None:
         """A backend stopped answering: its requests without a first byte go elsewhere."""

@@ -71,7 +71,7 @@ from pharos.sim.prompt import (
     prompt_text,
     reply_key,
 )
-from pharos.sim.slots import SlotModel
+from pharos.sim.slots import EVICT_LRU, EVICT_OLLAMA, SlotModel
 from pharos.sim.vllm import VllmFlavor
 from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 
@@ -560,7 +560,8 @@ def default_model(kind: str, clock: IReactorTime, catalogue: Mapping[str, int], 
     if kind == LLAMACPP:
         return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded)
     return SlotModel(clock, catalogue, slots=slots, knobs=knobs, loaded=loaded,
-                     in_order=kind == LLAMASWAP)
+                     in_order=kind == LLAMASWAP, evict=EVICT_OLLAMA if kind == OLLAMA
+                     else EVICT_LRU)
 
 
 def start_double(

@@ -28,16 +28,23 @@ requests arriving together share it). A request admitted mid-step starts in the 
 Cancellation frees the slot at once; the slot keeps what its finished steps computed (the
 prompt so far, or the prompt and the tokens so far); a running step completes without it.
 
-Residency (Ollama): a cold model loads first (``load_s``), after unloading the least
-recently used idle models when host memory is short; a model with requests in flight is
-never unloaded, a cold one waits instead; an idle model unloads after its ``keep_alive``;
-unloading empties its slots' caches. A llama.cpp double preloads its one model and keeps it.
+Residency (Ollama): a cold model loads first (``load_s``), after unloading idle models when
+host memory is short, in Ollama's order (``EVICT_OLLAMA``: the shortest keep-alive first, so
+one asked to unload goes first, then the lowest model path, which the double stands in for
+with its name's SHA-256: server/sched.go ``findRunnerToUnload``, ``ByDurationAndName``) or
+the least recently used first (``EVICT_LRU``); a model with requests in flight is never
+unloaded, a cold one waits instead (Ollama instead marks the shortest keep-alive's runner to
+unload once its requests end and holds its whole queue until then: not modelled); an idle
+model unloads after its ``keep_alive``; unloading empties its slots' caches. A llama.cpp
+double preloads its one model and keeps it.
 Counters: prompt, computed and cached tokens at admission, prefill seconds at the first
 token, decode seconds at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,6 +152,18 @@ def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     return n
 
 
+#: The order idle models are unloaded in when memory is short: Ollama's, or least recently
+#: used first.
+EVICT_OLLAMA = "ollama"
+EVICT_LRU = "lru"
+
+
+def _path_order(name: str) -> str:
+    """A stand-in for the model path Ollama breaks keep-alive ties by (a blob's digest):
+    fixed per model and unrelated to its popularity."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
 class SlotModel(ModelCore):
     """The slot, batch and residency model described in the module docstring."""
 
@@ -156,6 +175,7 @@ class SlotModel(ModelCore):
         knobs: Knobs | None = None,
         loaded: Iterable[str] = (),
         in_order: bool = False,
+        evict: str = EVICT_LRU,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
@@ -164,6 +184,9 @@ class SlotModel(ModelCore):
         #: request at a time through its swap lock; assumed [U]). Otherwise a loaded model
         #: takes its queued requests while a cold one waits for memory (Ollama).
         self.in_order = in_order
+        if evict not in (EVICT_OLLAMA, EVICT_LRU):
+            raise ValueError(f"unknown eviction order {evict!r}")
+        self.evict = evict
         if not models:
             raise ValueError("a model needs at least one model name")
         super().__init__(clock, slots, knobs)
@@ -349,7 +372,9 @@ class SlotModel(ModelCore):
         idle = sorted(
             (o for o in self._models.values() if o is not m and o.state == LOADED and (
                 o.idle or (self.in_order and not any(s.job for s in o.slots)))),
-            key=lambda o: o.last_used,
+            key=(lambda o: (math.inf if o.keep_alive is None else o.keep_alive,
+                            _path_order(o.name)))
+            if self.evict == EVICT_OLLAMA else (lambda o: o.last_used),
         )
         if self._used_memory() - sum(o.size for o in idle) + need > limit:
             return  # wait until a busy model goes idle

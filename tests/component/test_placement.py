@@ -16,6 +16,7 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 
 from pharos.engine.signals import Residency
 from pharos.sim.double import EngineDouble
+from pharos.sim.slots import SlotModel
 from tests.component.fleet import Fleet, eventually, start_fleet, within
 
 GB = 1_000_000_000
@@ -79,6 +80,7 @@ async def test_the_tail_evicts_the_idle_tail_never_the_popular_model() -> None:
         by_backend = {c["backend"]: c for c in doc["candidates"]}
         tail_c = by_backend[tail_host.url]
         assert tail_c["evicts_models"] == [TAILS[-1]]
+        assert tail_c["unloads_victims"] is True  # Ollama: Pharos names the victim
         for d in pop_hosts:
             pop_c = by_backend[d.url]
             assert pop_c["evicts_models"] == ["pop"]
@@ -149,5 +151,40 @@ async def test_demand_above_one_hosts_slots_gets_a_second_host() -> None:
         # The copy came from the demand rule: the requests wanting pop's two slots (waiting
         # ones counted) outnumbered them (replica_utilization 1.0).
         assert any("replica needed: demand" in reason for reason in copies), copies
+    finally:
+        await fleet.stop()
+
+
+#: Names whose SHA-256 (the double's stand-in for Ollama's model path) sorts "popular" first:
+#: left to itself, the host unloads it before "rare-a" (keep-alive, then path).
+NAMED = {"popular": 4 * GB, "rare-a": 4 * GB, "rare-b": 4 * GB}
+
+
+@pytest_twisted.ensureDeferred
+async def test_pharos_names_the_victim_the_host_would_not_have_chosen() -> None:
+    """A host holding the popular model and a rare one, both idle, and a request for a third:
+    left to itself the Ollama double (as Ollama: the shortest keep-alive, then the lowest
+    model path) unloads the popular model; Pharos asks it to unload the rare one first (a
+    request with no prompt and ``keep_alive: 0``), so the popular one stays and its next
+    request is warm. The decision's reason names that victim."""
+    host = {"models": NAMED, "host_memory": 9 * GB, "load_s": 0.5, "slots": 2,
+            "loaded": ["popular", "rare-a"]}
+    fleet = await start_fleet([("ollama", host, {**BACKEND, "memory_gb": 9})])
+    double = fleet.doubles[0]
+    try:
+        await eventually(lambda: seen_loaded(fleet, double, "popular")
+                         and seen_loaded(fleet, double, "rare-a"), timeout=10)
+        for _ in range(4):  # the popular model's demand; the rare one has none
+            await ok(fleet, "popular")
+        r = await ok(fleet, "rare-b")
+        reason = r.headers.getRawHeaders(b"x-pharos-reason")[0].decode()
+        assert "evicts rare-a (reload" in reason, reason
+        assert loaded(double) == {"popular", "rare-b"}
+        assert double.stats.controls == 1  # the one unload, not a generation
+        model = double.model
+        assert isinstance(model, SlotModel)
+        before = model.loads
+        await ok(fleet, "popular")
+        assert model.loads == before  # still loaded: no reload
     finally:
         await fleet.stop()

@@ -160,6 +160,41 @@ def test_victims_are_the_least_recently_used_idle_models() -> None:
     assert victims(12 * GB, 12 * GB, r) is None
 
 
+def test_named_victims_are_the_cheapest_idle_models() -> None:
+    """When Pharos names the victims (it unloads them before the load), the idle models go
+    cheapest first, the least recently used among equal prices; a busy one never."""
+    r = [Resident("pop", 4 * GB, True, 1.0, price=9.0),
+         Resident("rare", 4 * GB, True, 5.0, price=0.5),
+         Resident("gone", 4 * GB, True, 3.0, price=0.5),
+         Resident("busy", 4 * GB, False, 0.0, price=0.0)]
+    assert [v.model for v in victims(4 * GB, 16 * GB, r, named=True) or []] == ["gone"]
+    assert [v.model for v in victims(8 * GB, 16 * GB, r, named=True) or []] == ["gone", "rare"]
+    assert [v.model for v in victims(4 * GB, 16 * GB, r) or []] == ["pop"]  # the host's LRU
+    assert victims(16 * GB, 16 * GB, r, named=True) is None
+
+
+def test_an_ollama_hosts_cold_load_unloads_its_cheapest_idle_model_first() -> None:
+    """A full Ollama host with an idle popular model (never released here: least recently
+    used) and an idle rare one used just now: a third model's load is priced against the
+    rare one and its lease asks the host to unload it (``Lease.unload``, as the host names
+    it); the host left to itself would choose by its own order, not by demand."""
+    sizes = {"a": 4 * GB, "b": 4 * GB, "c": 4 * GB}
+    sched, state, clock = fleet({"http://h1:1": (ollama(["a", "b"], sizes), BackendSpec(
+        url="http://h1:1", kind="ollama", memory_gb=8, capacity=2))})
+    for _ in range(30):
+        sched.demand.add("a", clock.seconds())
+    granted(sched.acquire("k", 1, req("b"))).release()
+    lease = granted(sched.acquire("k", 1, req("c")))
+    assert lease.cold
+    won = next(c for c in lease.decision.candidates if c.target_id == lease.target.id)
+    assert won.victims == ("b",)
+    assert lease.unload == ("b",)
+    assert "evicts b (reload" in lease.decision.reason
+    lease.release()
+    warm = granted(sched.acquire("k", 1, req("a", seed=2)))  # warm: nothing to unload
+    assert not warm.cold and warm.unload == ()
+
+
 def two_hosts() -> tuple[Scheduler, State, Clock]:
     sizes = {"pop": 6 * GB, "tail": 6 * GB, "new": 6 * GB}
     return fleet({

@@ -11,8 +11,18 @@ from twisted.internet.task import Clock
 
 from pharos.engine.library import LLAMACPP
 from pharos.sim.double import EngineDouble, pinned_capture
-from pharos.sim.model import CANCELLED, COLD, LOADED, RUNNING, WAITING, GenRequest, Job, Knobs
-from pharos.sim.slots import SlotModel
+from pharos.sim.model import (
+    CANCELLED,
+    COLD,
+    LOADED,
+    RUNNING,
+    UNLOAD,
+    WAITING,
+    GenRequest,
+    Job,
+    Knobs,
+)
+from pharos.sim.slots import EVICT_LRU, EVICT_OLLAMA, SlotModel
 from pharos.sim.wire import shape_of
 from tests.sim_helpers import Listener, prompt, run
 
@@ -266,6 +276,39 @@ def test_memory_pressure_never_unloads_a_model_with_requests_in_flight() -> None
     assert states == {"a": LOADED, "b": COLD, "c": "loading"}
     run(clock, 30)
     assert busy.tokens_done == 20
+
+
+def test_ollama_order_unloads_the_shortest_keep_alive_then_the_lowest_path() -> None:
+    """Memory short, the Ollama order (server/sched.go ``findRunnerToUnload``) takes an idle
+    model with the shortest keep-alive, and between equal ones the lowest model path (the
+    double's stand-in: its name's SHA-256, "popular" before "rare-a"), however recently it
+    was used; an unload request (keep-alive 0) puts its model first at once, before its
+    expiry fires. The LRU order takes the least recently used."""
+    sizes = {"popular": 4 * GB, "rare-a": 4 * GB, "rare-b": 4 * GB}
+
+    def host(evict: str) -> tuple[Clock, SlotModel]:
+        clock = Clock()
+        model = SlotModel(clock, sizes, knobs=replace(K, host_memory=9 * GB, keep_alive=300.0),
+                          loaded=["popular", "rare-a"], evict=evict)
+        serve(clock, model, prompt(8), "rare-a", max_tokens=1)
+        serve(clock, model, prompt(8), "popular", max_tokens=1)  # the most recent
+        return clock, model
+
+    def resident(model: SlotModel) -> set[str]:
+        return {m.name for m in model.status().models if m.state in (LOADED, "loading")}
+
+    clock, model = host(EVICT_OLLAMA)
+    model.submit(GenRequest("rare-b", prompt(8), max_tokens=1), Listener(clock))
+    assert resident(model) == {"rare-a", "rare-b"}
+    clock, model = host(EVICT_OLLAMA)
+    model.submit(GenRequest("rare-a", control=UNLOAD, keep_alive=0.0), Listener(clock))
+    model.submit(GenRequest("rare-b", prompt(8), max_tokens=1), Listener(clock))
+    assert resident(model) == {"popular", "rare-b"}
+    clock, model = host(EVICT_LRU)
+    model.submit(GenRequest("rare-b", prompt(8), max_tokens=1), Listener(clock))
+    assert resident(model) == {"popular", "rare-b"}
+    with pytest.raises(ValueError, match="eviction order"):
+        SlotModel(Clock(), sizes, evict="mru")
 
 
 def test_keep_alive_unloads_an_idle_model_and_its_slots_forget() -> None:
