@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 #: Spec §13's decision table: every stage and its fixed outcomes. Request-path stages are
 #: recorded on ``Done.decisions``; ``resolve``, ``scrape`` and ``generation`` come from the
 #: state's background rounds (``State.on_decision``). ``upstream`` ``timed_out`` (no first
-#: byte within ``timeouts.first_byte``) is Pharos's own addition to the spec's list.
+#: byte within ``timeouts.first_byte``) and ``load`` ``victims_unloaded`` / ``unload_failed``
+#: (the idle models Pharos named for a cold load unloaded first, or not all of them:
+#: ``pharos.proxy.unload``) are Pharos's own additions to the spec's list.
 DECISIONS: Final[dict[str, tuple[str, ...]]] = {
     "admission": ("ok", "unauthorized", "bad_request", "too_large", "model_not_allowed",
                   "rate_limited", "quota_exceeded"),
@@ -39,7 +41,7 @@ DECISIONS: Final[dict[str, tuple[str, ...]]] = {
               "unknown_model",
               "unavailable", "queue_full", "client_left"),
     "queue": ("immediate", "waited"),
-    "load": ("cold_start", "unexpected_load", "control"),
+    "load": ("cold_start", "unexpected_load", "control", "victims_unloaded", "unload_failed"),
     "prefix": ("predicted_hit", "wrong_prediction", "unpredicted_hit", "miss", "unknown"),
     "upstream": ("ok", "error_status", "connect_failed", "busy_retried", "error_retried",
                  "died_mid_reply", "client_left", "pharos_error", "timed_out"),

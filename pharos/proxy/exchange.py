@@ -344,7 +344,9 @@ class Exchange:
                 if lease.unload and self.unload is not None:
                     # Pharos chose what the load pushes out (``Lease.unload``): that goes
                     # first, or the host picks its own (its first-byte timer runs meanwhile).
-                    await self._wait(self.unload(target, lease.unload))
+                    accepted = await self._wait(self.unload(target, lease.unload))
+                    decisions.append(("load", "victims_unloaded" if accepted == len(
+                        lease.unload) else "unload_failed"))
                 response = await self._wait(self.send(
                     target, path, parsed.forward_body(target.served), fresh=not stale_retry))
             except Exception as e:

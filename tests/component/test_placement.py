@@ -12,6 +12,7 @@ from itertools import pairwise
 from typing import Any
 
 import pytest_twisted
+import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 
 from pharos.engine.signals import Residency
@@ -181,6 +182,10 @@ async def test_pharos_names_the_victim_the_host_would_not_have_chosen() -> None:
         assert "evicts rare-a (reload" in reason, reason
         assert loaded(double) == {"popular", "rare-b"}
         assert double.stats.controls == 1  # the one unload, not a generation
+        m = await treq.get(fleet.url + "/metrics", pool=fleet.pool)
+        text = (await m.content()).decode()
+        assert 'pharos_decisions_total{outcome="victims_unloaded",stage="load"} 1.0' in text
+        assert 'pharos_decisions_total{outcome="unload_failed",stage="load"} 0.0' in text
         model = double.model
         assert isinstance(model, SlotModel)
         before = model.loads
