@@ -167,7 +167,8 @@ async def test_pharos_names_the_victim_the_host_would_not_have_chosen() -> None:
     left to itself the Ollama double (as Ollama: the shortest keep-alive, then the lowest
     model path) unloads the popular model; Pharos asks it to unload the rare one first (a
     request with no prompt and ``keep_alive: 0``), so the popular one stays and its next
-    request is warm. The decision's reason names that victim."""
+    request is warm. The decision's reason names that victim. A model someone loaded for
+    good (``keep_alive: -1``) is never unloaded by Pharos, even when it is the cheapest."""
     host = {"models": NAMED, "host_memory": 9 * GB, "load_s": 0.5, "slots": 2,
             "loaded": ["popular", "rare-a"]}
     fleet = await start_fleet([("ollama", host, {**BACKEND, "memory_gb": 9})])
@@ -191,5 +192,19 @@ async def test_pharos_names_the_victim_the_host_would_not_have_chosen() -> None:
         before = model.loads
         await ok(fleet, "popular")
         assert model.loads == before  # still loaded: no reload
+        # Someone loads rare-b for good (keep_alive -1, straight to the host): Pharos still
+        # prices it as the cheapest to lose, but reads /api/ps before unloading and leaves
+        # it; the host then chooses (and keeps the pinned one).
+        pin = await treq.post(double.url + "/api/generate",
+                              json.dumps({"model": "rare-b", "keep_alive": -1}).encode(),
+                              pool=fleet.pool)
+        await pin.content()
+        assert pin.code == 200
+        r = await ok(fleet, "rare-a")
+        assert "rare-b" in loaded(double) and "rare-a" in loaded(double)
+        assert double.stats.controls == 2  # the pin; no unload this time
+        m = await treq.get(fleet.url + "/metrics", pool=fleet.pool)
+        text = (await m.content()).decode()
+        assert 'pharos_decisions_total{outcome="unload_failed",stage="load"} 1.0' in text
     finally:
         await fleet.stop()

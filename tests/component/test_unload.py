@@ -1,6 +1,7 @@
 """Layer 2: ``pharos.proxy.unload`` over loopback. A cold load's named victims are asked to
-unload one after the other with Ollama's request (no prompt, ``keep_alive: 0``); a host that
-refuses, errs or never answers costs at most the timeout and never fails the load."""
+unload one after the other with Ollama's request (no prompt, ``keep_alive: 0``), except one
+``/api/ps`` says is loaded for good; a host that refuses, errs or never answers costs at most
+the timeout and never fails the load."""
 
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ from pharos.proxy.unload import UNLOAD_TIMEOUT_SEC, unload
 from tests.component.capture_server import close, serve
 from tests.component.fleet import within
 
+#: ``/api/ps`` of a host that loaded ``b`` for good (``keep_alive: -1``) and ``a`` for 5 min.
+PS_PINNED = (b'{"models":[{"name":"b","model":"b","expires_at":"2318-03-18T02:43:13.88-07:00"},'
+             b'{"name":"a","model":"a","expires_at":"2026-12-07T10:08:33.914260117-08:00"}]}')
+
 
 class Host(Resource):
     """``/ok/api/generate`` answers Ollama's unload reply, ``/err/…`` a 500, ``/hang/…``
-    nothing; every body is kept."""
+    nothing; ``/pin/api/ps`` lists ``b`` loaded for good, ``/ok/api/ps`` nothing pinned;
+    every POST body is kept."""
 
     isLeaf = True
 
@@ -29,6 +35,16 @@ class Host(Resource):
         super().__init__()
         self.bodies: list[tuple[str, Any]] = []
         self.hanging: list[Request] = []
+
+    def render_GET(self, request: Request) -> Any:
+        path = request.path.decode()
+        if path.startswith("/hang/"):
+            self.hanging.append(request)
+            return NOT_DONE_YET
+        if path.startswith("/err/"):
+            request.setResponseCode(500)
+            return b'{"error":"boom"}'
+        return PS_PINNED if path.startswith("/pin/") else b'{"models":[]}'
 
     def render_POST(self, request: Request) -> Any:
         assert request.content is not None
@@ -48,8 +64,9 @@ class Host(Resource):
 async def test_each_victim_is_asked_to_unload_and_failures_only_cost_the_timeout() -> None:
     """Two victims on a host that answers: two requests to ``/api/generate``, each naming its
     model with ``keep_alive: 0`` and no prompt, both accepted. A host answering 500 accepts
-    none, and one that never answers gives up after ``UNLOAD_TIMEOUT_SEC``; neither raises,
-    so the load is sent anyway. A closed port is the same."""
+    none, and one that never answers gives up after ``UNLOAD_TIMEOUT_SEC`` (its ``/api/ps``
+    and its unloads together); neither raises, so the load is sent anyway. A closed port is
+    the same. A victim the host lists as loaded for good (``expires_at`` in 2318) is skipped."""
     host = Host()
     port, url = serve(host)
     pool = HTTPConnectionPool(reactor, persistent=False)
@@ -61,8 +78,13 @@ async def test_each_victim_is_asked_to_unload_and_failures_only_cost_the_timeout
         assert await within(unload(client, reactor, url + "/err", ["a"])) == 0
         started = reactor.seconds()
         assert await within(unload(client, reactor, url + "/hang", ["a"])) == 0
-        assert reactor.seconds() - started >= UNLOAD_TIMEOUT_SEC * 0.9
+        took = reactor.seconds() - started  # its /api/ps and its unload share one budget
+        assert UNLOAD_TIMEOUT_SEC * 0.9 <= took < UNLOAD_TIMEOUT_SEC * 1.5 + 1
         assert [p for p, _ in host.bodies][-2:] == ["/err/api/generate", "/hang/api/generate"]
+        # A model loaded for good is never unloaded by Pharos; the others are.
+        assert await within(unload(client, reactor, url + "/pin", ["b", "a"])) == 1
+        assert host.bodies[-1] == ("/pin/api/generate", {"model": "a", "keep_alive": 0})
+        assert [p for p, _ in host.bodies].count("/pin/api/generate") == 1
     finally:
         for r in host.hanging:
             if not r.finished and r.channel is not None:

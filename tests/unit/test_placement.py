@@ -6,7 +6,9 @@ model of unknown size, a model appearing mid-run)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from twisted.internet.task import Clock
@@ -27,11 +29,14 @@ from pharos.placement import (
     victims,
 )
 from pharos.policy import RouteReq, score
+from pharos.proxy.unload import pinned_models
 from pharos.sched import Guards, SchedRequest, Scheduler
 from pharos.state.registry import Target
 from pharos.state.state import State
 from pharos.state.stats import Sample, TargetStats, learn, load_sample
 from tests.unit.test_sched import GB, fleet, granted, ollama, req
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def cold(**kw: object) -> Sample:
@@ -193,6 +198,19 @@ def test_an_ollama_hosts_cold_load_unloads_its_cheapest_idle_model_first() -> No
     lease.release()
     warm = granted(sched.acquire("k", 1, req("a", seed=2)))  # warm: nothing to unload
     assert not warm.cold and warm.unload == ()
+
+
+def test_models_loaded_for_good_are_read_from_api_ps() -> None:
+    """``/api/ps`` as Ollama 0.33.3 serves it (the fixture: both models expire within
+    minutes) pins nothing; an entry expiring in 2318 (``keep_alive: -1``) is pinned; an
+    unreadable body or entry pins nothing."""
+    captured = (FIXTURES / "ollama/0.33.3/loaded/api_ps").read_bytes()
+    assert pinned_models(captured, 2126) == frozenset()
+    doc = json.loads(captured)
+    doc["models"][1]["expires_at"] = "2318-03-18T02:43:13.884519512-07:00"
+    assert pinned_models(json.dumps(doc).encode(), 2126) == {"qwen3:8b"}
+    assert pinned_models(b"not json", 2126) == frozenset()
+    assert pinned_models(b'{"models":[{"name":"x","expires_at":"soon"},7]}', 2126) == set()
 
 
 def two_hosts() -> tuple[Scheduler, State, Clock]:
