@@ -36,26 +36,30 @@ class Host(Resource):
         self.bodies: list[tuple[str, Any]] = []
         self.hanging: list[Request] = []
 
-    def render_GET(self, request: Request) -> Any:
-        path = request.path.decode()
+    def _failing(self, request: Request, path: str) -> Any:
+        """``/hang/``: no answer; ``/err/``: a 500; else None."""
         if path.startswith("/hang/"):
             self.hanging.append(request)
             return NOT_DONE_YET
         if path.startswith("/err/"):
             request.setResponseCode(500)
             return b'{"error":"boom"}'
+        return None
+
+    def render_GET(self, request: Request) -> Any:
+        path = request.path.decode()
+        failing = self._failing(request, path)
+        if failing is not None:
+            return failing
         return PS_PINNED if path.startswith("/pin/") else b'{"models":[]}'
 
     def render_POST(self, request: Request) -> Any:
         assert request.content is not None
         path = request.path.decode()
         self.bodies.append((path, json.loads(request.content.read())))
-        if path.startswith("/hang/"):
-            self.hanging.append(request)
-            return NOT_DONE_YET
-        if path.startswith("/err/"):
-            request.setResponseCode(500)
-            return b'{"error":"boom"}'
+        failing = self._failing(request, path)
+        if failing is not None:
+            return failing
         return b'{"model":"m","created_at":"2026-12-07T00:00:00Z","response":"","done":true,' \
                b'"done_reason":"unload"}'
 
