@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install compiled demo doctor-demo test check lint live-engines stress clean
+.PHONY: install compiled demo doctor-demo test check lint docs live-engines stress clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ doctor-demo: install
 lint: install
 	$(VENV)/bin/ruff check pharos tests twisted contrib
 	$(VENV)/bin/mypy
+
+# The documentation site (docs/, Sphinx), warnings as errors, into docs/_build/html.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 # Layers 1, 2 and 4 (live tests build or install their engines when missing), packaging.
 test: lint
