@@ -17,7 +17,8 @@ DOCS = ROOT / "docs"
 #: What an engineering log cites and a reader of the docs does not have.
 HISTORY = re.compile(
     r"spec §|DESIGN §|\bissue \d+|"
-    r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"  # a commit hash
+    # a commit hash, short or full (not the 16-digit hashes of /admin/index)
+    r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])(?:[0-9a-f]{7,12}|[0-9a-f]{40})\b"
 )
 
 
