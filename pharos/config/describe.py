@@ -10,7 +10,7 @@ import json
 import textwrap
 from typing import Any
 
-from pharos.config.kinds import DEFAULT, Custom, Items, Section, Setting, settings
+from pharos.config.kinds import DEFAULT, Custom, Items, Section, Setting, json_default, settings
 from pharos.config.model import CONFIG, Config
 
 
@@ -81,8 +81,8 @@ def _facts(s: Setting, live: bool) -> str:
         return s.kind.what
     if s.required:
         facts.append("required")
-    elif s.default not in (None, (), {}) and not hasattr(s.default, "__dataclass_fields__"):
-        facts.append(f"default ``{_json(s.kind.dump(s.default))}``")
+    elif (default := json_default(s)) not in (None, [], {}):
+        facts.append(f"default ``{_json(default)}``")
     if s.null is not DEFAULT:
         facts.append(f"null: ``{_json(s.kind.dump(s.null))}``")
     facts.append("live" if live or s.live else "restart")

@@ -340,12 +340,19 @@ def settings(cls: type) -> tuple[tuple[str, Setting], ...]:
         for f in dataclasses.fields(cls):
             if "setting" in f.metadata:
                 kind, doc, file, live, null, example = f.metadata["setting"]
-                factory = f.default_factory
-                default = f.default if factory is MISSING else factory()
+                default = f.default if f.default_factory is MISSING else f.default_factory()
                 out.append((f.name, Setting(kind, doc, f.name if file is None else file, live,
                                             null, example, default is MISSING, default)))
         _SETTINGS[cls] = tuple(out)
     return _SETTINGS[cls]
+
+
+def json_default(s: Setting) -> object:
+    """A setting's default as the file writes it; ``None``: none to show (required, a
+    section of its own, or off)."""
+    if s.required or s.default is None or isinstance(s.kind, Section):
+        return None
+    return s.kind.dump(s.default)
 
 
 def file_fields(cls: type) -> dict[str, list[tuple[str, Setting]]]:
@@ -377,7 +384,8 @@ def field_schema(s: Setting) -> dict[str, Any]:
             out["type"] = [out["type"], "null"]
         else:
             out = {"oneOf": [out, {"type": "null"}]}
-    return {**out, "description": s.doc}
+    extra = {"default": json_default(s), "examples": None if s.example is None else [s.example]}
+    return {**out, "description": s.doc, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def _object(props: dict[str, Any], required: Collection[str] = (),

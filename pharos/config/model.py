@@ -1,4 +1,4 @@
-"""The config file (spec §10) as frozen dataclasses: each field's ``setting`` says its kind,
+"""The config file as frozen dataclasses: each field's ``setting`` says its kind,
 default, rule, whether a reload applies it live, and a line for the reference. Every default
 lives here, once; the rules between fields are the small named checks below the classes."""
 

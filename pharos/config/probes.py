@@ -1,4 +1,4 @@
-"""A backend's own probes and log feed: the config classes and their rules (spec §4)."""
+"""A backend's own probes and log feed: the config classes and their rules."""
 
 # mypy: disable-error-code="func-returns-value"
 # (a reader returns ``p.expected(...)``: the error reported, ``None`` read)
@@ -78,7 +78,7 @@ class LogSpec:
 
 @dataclass(frozen=True, slots=True)
 class OwnProbe:
-    """A probe the operator adds to one backend (§4); it goes ahead of the recipe for its
+    """A probe the operator adds to one backend; it goes ahead of the recipe for its
     signal."""
 
     name: str
@@ -110,7 +110,7 @@ LOG_FEED: Final = Custom(
 
 
 def _probe(p: Parser, raw: object, path: str) -> OwnProbe | None:
-    """One own probe, checked against the rules of spec §4."""
+    """One own probe, checked against the own-probe rules."""
     m = p.mapping(raw, path, ("name", "signal", "prom", "log"), required=("name", "signal"))
     if m is None:
         return None
@@ -169,7 +169,7 @@ def _log(p: Parser, raw: object, path: str, signal: Signal | None) -> LogSpec | 
         p.error(at(path, "match"),
                 "needs a named group 'value', as in (?P<value>...), or a fixed value")
     if signal is Signal.RESIDENCY and "model" not in pattern.groupindex:
-        # a residency value covers only the model the line names (spec §4)
+        # a residency value covers only the model the line names
         p.error(at(path, "match"),
                 "a residency line must name its model: add a group (?P<model>...)")
     return LogSpec(match=pattern, value=value)
