@@ -71,7 +71,7 @@ class LogSpec:
         "a line's pattern: (?P<value>...) holds the value, (?P<model>...) the model",
         example=r"OLLAMA_NUM_PARALLEL:(?P<value>\d+)")
     value: FixedValue | None = setting(
-        Custom("the signal's value", lambda p, raw, path: raw, {},
+        Custom("the signal's value", lambda p, raw, path: raw, {},  # read by _log: per signal
                lambda v: v.value if isinstance(v, Residency) else v),
         "the value a matching line reports, instead of a group", default=None)
 
