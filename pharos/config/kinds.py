@@ -7,12 +7,12 @@ an error, ``null`` means the same as leaving a field out unless the setting says
 and ``pharos.config.describe`` writes the JSON Schema, ``GET /admin/config``'s document and the
 configuration reference from the same settings.
 
-Why hand-written and not a schema library (weighed on CPython 3.11): msgspec stops at the first
-error, so a file with four mistakes takes four runs; pydantic reports them all but importing it
-adds 19 MB of RSS, a fifth of Pharos's whole memory budget; cattrs reports every field at once
-but its messages are its own (``expected int``), and the rules that take most of this package
-(durations, ``null`` turning a guard off, listen strports, per-kind backend checks) would be
-hooks either way. The walker below is smaller than those hooks.
+Why hand-written and not a schema library: msgspec stops at the first error, so a file with
+four mistakes takes four runs; pydantic reports them all but importing it adds 19 MB of RSS, a
+fifth of Pharos's whole memory budget; cattrs (with attrs) gathers every field's error too, but
+as Python exceptions in its own words, and the rules that take most of this package (durations,
+``null`` turning a guard off, listen strports, per-kind backend checks, the operator-facing
+messages) would be hooks either way: a new dependency for no less code.
 """
 
 # mypy: disable-error-code="func-returns-value"
