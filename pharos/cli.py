@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("config-schema",
                             help="print the config file's JSON Schema (for editors)")
+    schema.add_argument("--rst", action="store_true",
+                        help="print the configuration reference (docs/configuration.rst)")
     schema.set_defaults(func=cmd_config_schema)
 
     keys = sub.add_parser("keys", help="API keys")
@@ -177,12 +179,16 @@ def cmd_sim_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_config_schema(args: argparse.Namespace) -> int:
-    """``pharos config-schema``: the JSON Schema of ``pharos.yaml`` on stdout."""
+    """``pharos config-schema``: the JSON Schema of ``pharos.yaml`` on stdout; ``--rst``: the
+    configuration reference, both generated from the config's dataclasses."""
     import json
 
-    from pharos.config_schema import schema
+    from pharos.config.describe import reference, schema
 
-    print(json.dumps(schema(), indent=1, ensure_ascii=False))
+    if args.rst:
+        sys.stdout.write(reference())
+    else:
+        print(json.dumps(schema(), indent=1, ensure_ascii=False))
     return 0
 
 
@@ -384,8 +390,7 @@ def _doctor_backends(args: argparse.Namespace) -> list[dict[str, Any]]:
                  "capacity": None, "aliases": {}, "memory_gb": None}]
     from pharos.config import load_config
 
-    # doctor examines what it can of a config the service would refuse (an unbuilt section).
-    cfg = load_config(args.config, refuse_unbuilt=False)
+    cfg = load_config(args.config)
     return [
         {
             "url": b.url,

@@ -60,7 +60,7 @@ class ModelSpec:
 
 
 class Report(Protocol):
-    """Where a parser reports an error: its path and message (``config._Parser.error``)."""
+    """Where a parser reports an error: its path and message (``config.kinds.Parser.error``)."""
 
     def __call__(self, path: str, message: str) -> None: ...
 

@@ -1,11 +1,12 @@
-"""The admin API's documents (issue 17 item 4): the config in effect, a JSON merge patch of it,
+"""The admin API's documents: the config in effect, a JSON merge patch of it,
 each backend's plan, signals and learned estimates, and the prefix index's census.
 
 ``GET /admin/config`` shows the running config written back in the file's own shape
-(``to_document``; ``parse_config`` of it gives the running config again, checked before every
-patch), with every secret redacted (``redact``: keys' SHA-256 hashes and the password of a URL
-that carries one; the peers' secret is never in the config, only its file's path), and the
-config generation (bumped by every applied reload or patch).
+(``to_document``, generated from the config's dataclasses; ``parse_config`` of it gives the
+running config again, checked before every patch), with every secret redacted (``redact``:
+keys' SHA-256 hashes and the password of a URL that carries one; the peers' secret is never in
+the config, only its file's path), and the config generation (bumped by every applied reload
+or patch).
 
 ``PATCH /admin/config`` takes an RFC 7386 JSON merge patch (``merge_patch``) of that document
 and applies it the way a reload applies the file (``pharos.reload``): the merged document is
@@ -23,7 +24,6 @@ the running key's hash (matched by name).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -33,21 +33,9 @@ from typing import Any
 
 import yaml
 
-from pharos.config import (
-    COST_MODEL_FIELDS,
-    DEFAULT_SCALE,
-    Backend,
-    Config,
-    ConfigError,
-    CostModel,
-    DnsBackends,
-    LogSpec,
-    OwnProbe,
-    file_name,
-    parse_config,
-    reload_diff,
-    with_live,
-)
+from pharos.config import Config, ConfigError, file_name, parse_config, reload_diff, with_live
+from pharos.config.describe import to_document
+from pharos.config.model import COST_MODEL
 from pharos.engine.doctor import BackendReport
 from pharos.engine.signals import FAST_SIGNALS, LOAD_ORDER, Residency, Signal, Snapshot, merge
 from pharos.prefix import IndexCensus, PrefixIndex
@@ -64,92 +52,6 @@ MAX_LISTED = 1000
 
 
 # --- the config as a document -----------------------------------------------------------------
-
-def _scalars(obj: Any, *special: str) -> dict[str, Any]:
-    """A config dataclass's fields as the file writes them, but for ``special`` ones (the
-    caller writes those): scalars as they are, tuples of scalars as lists. A field added later
-    with a plain value is carried without a change here; any other shape is caught by the
-    round trip ``ConfigAdmin.patch`` checks first."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        if f.name in special:
-            continue
-        value = getattr(obj, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def to_document(config: Config) -> dict[str, Any]:
-    """``config`` in the file's shape (JSON types; durations in seconds): what
-    ``parse_config`` reads back as ``config``."""
-    c, r, t = config, config.routing, config.timeouts
-    obs = c.observability
-    return {
-        "listen": c.listen.address,
-        "policy": c.policy,
-        "backends": [_backend(b) for b in c.backends] + [_dns(d) for d in c.dns_backends],
-        "keys": [_scalars(k) for k in c.keys],
-        "tenants": [_scalars(x) for x in c.tenants],
-        "state_file": c.state_file,
-        "usage": _scalars(c.usage),
-        "drain": _scalars(c.drain),
-        "peers": None if c.peers is None else {
-            "secret_file": c.peers.secret_file, "listen": c.peers.listen.address,
-            **({"members": list(c.peers.members)} if c.peers.members else {}),
-            **({"dns": c.peers.dns} if c.peers.dns is not None else {})},
-        "routing": {**_scalars(r, "split"),
-                    "split": None if r.split is None else dict(r.split)},
-        "observability": {
-            **_scalars(obs, "decision_log"),
-            "decision_log": None if obs.decision_log is None else _scalars(obs.decision_log)},
-        "timeouts": {"first_byte": {"generate": t.first_byte_generate,
-                                    "embeddings": t.first_byte_embeddings},
-                     **_scalars(t, "first_byte_generate", "first_byte_embeddings")},
-        "workers": c.workers,
-        "models": [{"name": m.name, "aliases": list(m.aliases), "policy": m.policy,
-                    "split": None if m.split is None else dict(m.split),
-                    "shadow": None if m.shadow is None else list(m.shadow),
-                    "cost_model": None if m.cost_model is None
-                    else dict(zip(COST_MODEL_FIELDS, m.cost_model, strict=True))}
-                   for m in c.models],
-        "responses": _scalars(c.responses),
-    }
-
-
-def _engine_fields(b: Backend) -> dict[str, Any]:
-    """The fields a url entry and a dns entry share."""
-    return {**_scalars(b, "url", "aliases", "logs", "probes", "cost_model"),
-            "aliases": dict(b.aliases), "probes": [_probe(p) for p in b.probes],
-            "cost_model": _cost(b.cost_model)}
-
-
-def _backend(b: Backend) -> dict[str, Any]:
-    logs = None
-    if b.logs is not None:
-        logs = (f"docker://{b.logs.target}" if b.logs.scheme == "docker"
-                else f"file://{b.logs.target}")
-    return {"url": b.url, **_engine_fields(b), "logs": logs}
-
-
-def _dns(d: DnsBackends) -> dict[str, Any]:
-    return {"dns": d.name, "port": d.port, "refresh": d.refresh, **_engine_fields(d.template)}
-
-
-def _cost(c: CostModel | None) -> dict[str, float] | None:
-    return None if c is None else dict(zip(COST_MODEL_FIELDS, c.terms(), strict=True))
-
-
-def _probe(p: OwnProbe) -> dict[str, Any]:
-    if isinstance(p.spec, LogSpec):
-        value = p.spec.value.value if isinstance(p.spec.value, Residency) else p.spec.value
-        return {"name": p.name, "signal": p.signal.value,
-                "log": {"match": p.spec.match.pattern, "value": value}}
-    prom: dict[str, Any] = {"path": p.spec.path, "metric": p.spec.metric,
-                            "per_model": p.spec.per_model}
-    if p.spec.scale != DEFAULT_SCALE:  # only kv_usage takes a scale at all
-        prom["scale"] = p.spec.scale
-    return {"name": p.name, "signal": p.signal.value, "prom": prom}
-
 
 def redact_url(url: str) -> str:
     """A URL with the password of its user part (if any) replaced by ``<redacted>``."""
@@ -333,7 +235,7 @@ def backends_document(state: State, sched: Scheduler) -> dict[str, Any]:
                          "last_load_round_age_s": _age(now, b.load_at),
                          "last_reply_age_s": _age(now, b.replied_at)},
             "config": {"capacity": b.spec.capacity, "memory_gb": b.spec.memory_gb,
-                       "cost_model": _cost(b.spec.cost_model)},
+                       "cost_model": COST_MODEL.dump(b.spec.cost_model)},
             "targets": [_target(state, sched, t) for t in state.targets if t.backend is b],
         })
     return {"backends": out}

@@ -286,3 +286,9 @@ def test_workers_refuse_patches() -> None:
     with pytest.raises(ApiError) as e:
         run.admin().patch(b'{"policy": "p2c"}')
     assert e.value.status == 409
+
+
+def test_peers_by_dns_round_trips() -> None:
+    """A mesh found by DNS (no members) comes back equal from its document."""
+    config = parse_config("peers: {secret_file: /s, dns: pharos-peers.default.svc}\n")
+    assert round_trip(config) == config

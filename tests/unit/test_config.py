@@ -860,3 +860,22 @@ def test_decision_log_config() -> None:
             assert any(m.startswith(error) for m in e.errors), e.errors
         else:
             raise AssertionError(f"{text} accepted")
+
+
+def test_every_section_reports_every_bad_field_at_once() -> None:
+    """The walker over the dataclasses' settings names the path of every bad field in one
+    run, whatever section it is in."""
+    text = ("routing: {kv_pressure_threshold: 2, prefix_entries: 0}\n"
+            "timeouts: {first_byte: {generate: 0}, idle: never}\n"
+            "responses: {max_responses: -1, max_age: 0}\n"
+            "observability: {decision_log: {path: d, sample_rate: 2}}\n"
+            "usage: {retention_days: 0}\n"
+            "tenants: [{name: lab, weight: 0}]\n"
+            "peers: {secret_file: /s, members: [nowhere]}\n"
+            "workers: 0\n")
+    assert [m.split(":")[0] for m in errors(text)] == [
+        "tenants[0].weight", "usage.retention_days", "peers.members[0]",
+        "routing.kv_pressure_threshold", "routing.prefix_entries",
+        "observability.decision_log.sample_rate", "timeouts.first_byte.generate",
+        "timeouts.idle", "workers", "responses.max_responses", "responses.max_age",
+    ]

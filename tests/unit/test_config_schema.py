@@ -18,7 +18,7 @@ import yaml
 
 from pharos import config as cfg
 from pharos.config import ConfigError, parse_config
-from pharos.config_schema import schema
+from pharos.config.describe import schema
 
 #: (path of an object in the schema, its schema); path segments are (name, is_array_item).
 Place = tuple[tuple[tuple[str, bool], ...], dict[str, Any]]

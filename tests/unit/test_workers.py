@@ -3,6 +3,7 @@ merged /metrics page, and the supervisor's restart backoff (on a fake reactor)."
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def test_workers_default_is_one() -> None:
 
 def test_workers_auto_is_the_available_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` resolves to the cores this process may run on (taskset narrows them)."""
-    monkeypatch.setattr(cfg.os, "sched_getaffinity", lambda pid: {0, 1, 5})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 5})
     assert parse_config("workers: auto\n").workers == 3
 
 
