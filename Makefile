@@ -39,7 +39,7 @@ doctor-demo: install
 	$(PY) contrib/doctor_demo.py
 
 lint: install
-	$(VENV)/bin/ruff check pharos tests twisted contrib
+	$(VENV)/bin/ruff check pharos tests twisted contrib bench
 	$(VENV)/bin/mypy
 
 # The documentation site (docs/, Sphinx), warnings as errors, into docs/_build/html.

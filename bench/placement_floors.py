@@ -1,11 +1,16 @@
-"""What no router can beat on the placement grid's fleets (issue 15 item 5), from the traffic
-alone: ``python3 floors.py`` (a markdown table on stdout).
+"""What no router can beat on ``pharos bench placement``'s fleets, from the traffic alone: the
+"no router below" column of docs/performance.rst's placement table and the bounds stated
+under it. Run from a checkout after ``make install`` (it reads the workload and the engine
+model from ``pharos``; no engine, no network, a second of CPU)::
+
+    .venv/bin/python bench/placement_floors.py    # a Markdown table on stdout
 
 The ``multi-model`` workload draws each request's model independently (Zipf, exponent 1.1)
 at Poisson arrivals, so a request finds its model in memory (loaded or loading) with
 probability at most the share of the ``C`` most requested models, ``C`` being the copies the
-fleet's memory holds, whatever the router did before (PASTA). A request whose model is not in
-memory waits for a whole load (3 s) whether it is sent at once or held. Hence:
+fleet's memory holds, whatever the router did before (Poisson arrivals see time averages).
+A request whose model is not in memory waits for a whole load (3 s) whether it is sent at
+once or held. Hence:
 
 * ``miss >=``: the fraction of requests that wait a whole load, at least ``1 - top-C share``.
   Over 5 % the p95 TTFT is at least the load time, held requests or not.

@@ -1,14 +1,15 @@
-"""A 1 GiB blob upload through Pharos (issue 17 item 7): Pharos's own RSS while it relays.
+"""A 1 GiB blob upload through Pharos: Pharos's own RSS while it relays (the blob figures of
+docs/performance.rst's Memory section).
 
 Pharos runs as its own process (``twistd -n pharos``) in front of a simulated Ollama engine
 that reads blob uploads at a set rate (``OllamaManagement.read_rate``; 0: as fast as they
 come); this script is the client (``tests.component.blob_upload.Upload``: a streaming producer
 of a repeated random 1 MiB block) and the engine. For each rate it reports the upload's time,
 the engine's verdict (201: digest matched) and Pharos's RSS before and at its peak (sampled
-every 50 ms from /proc). Run from the checkout:
+every 50 ms from /proc). Run from a checkout after ``make install`` (the client comes from
+``tests/``, hence ``PYTHONPATH=.``; about a minute for the three rates)::
 
-    PYTHONPATH=. .venv/bin/python contrib/bench/blob-upload-2026-12-02/bench_blob_upload.py \\
-        --out contrib/bench/blob-upload-2026-12-02/result.json
+    PYTHONPATH=. .venv/bin/python bench/blob_upload.py --out bench/results/blob.json
 """
 
 from __future__ import annotations

@@ -1,11 +1,22 @@
-"""``workers: 1`` against ``workers: 2`` with an engine and a load that cost almost nothing
-(issue 16 item 3), reported, never asserted.
+"""``workers: 1`` against ``workers: 2`` with an engine and a load that cost almost nothing:
+the "Several processes" table of docs/performance.rst (requests per second at 64 connections,
+kept alive or new for each request, and their ratio). Reported, never asserted.
+
+Run from a checkout after ``make install``, with nginx and wrk installed (bench tools, not
+Pharos dependencies: ``apt-get install -y nginx-light wrk iproute2``)::
+
+    .venv/bin/python bench/workers.py --rounds 6 --seconds 8 --warmup 2 \
+        --direct-seconds 2 --variants 1,2,2x1 --out bench/results/workers.json
+
+It prints the summary (for ``keepalive`` and ``close`` connections: each variant's median
+requests per second, ``rps_median``, and the ratios ``ratio_2_over_1`` and
+``ratio_2x1_over_1`` by round and their median) and writes every run to ``--out``.
 
 The engine is nginx answering fixed OpenAI-compatible replies (``POST /v1/chat/completions``:
 a vLLM-shaped non-streamed chat completion with usage, one output token; ``GET /v1/models``:
 one model, ``tiny``), a single nginx process; Pharos reaches it as a ``kind: openai`` backend
 (the generic recipe: only ``/v1/models`` is probed) with ``capacity: 256``, so it never
-queues. The load is ``wrk`` (one thread, ``--connections`` connections, ``chat.lua``), either
+queues. The load is ``wrk`` (one thread, ``--connections`` connections, ``CHAT_LUA``), either
 keep-alive (each connection sends its next request when the last is answered) or
 ``Connection: close`` (a new connection for every request). nginx and wrk are bench tools,
 not Pharos dependencies.
@@ -53,6 +64,34 @@ CHAT_REPLY = json.dumps({
 MODELS_REPLY = json.dumps({"object": "list", "data": [
     {"id": "tiny", "object": "model", "created": 1796195675, "owned_by": "vllm",
      "max_model_len": 1024}]}, separators=(",", ":"))
+
+#: wrk's script: a tiny non-streamed chat (one output token) on every request; ``wrk ... --
+#: close`` adds ``Connection: close`` (every request on a new connection: wrk reconnects when
+#: the server closes). done() prints one line ``WRKJSON {...}`` for this script to read.
+CHAT_LUA = """\
+wrk.method = "POST"
+wrk.body = '{"model":"tiny","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}'
+wrk.headers["Content-Type"] = "application/json"
+
+function init(args)
+  if args[1] == "close" then
+    wrk.headers["Connection"] = "close"
+  end
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"bytes":%d,"err_connect":%d,"err_read":%d,' ..
+    '"err_write":%d,"err_status":%d,"err_timeout":%d,"p50_us":%d,"p90_us":%d,' ..
+    '"p99_us":%d,"max_us":%d,"mean_us":%.1f}\\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write,
+    e.status, e.timeout, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, latency.mean))
+end
+"""
+#: Where ``main`` writes ``CHAT_LUA`` for wrk (its temporary directory).
+WRK_SCRIPT = Path("chat.lua")
 
 NGINX_CONF = """\
 daemon off;
@@ -184,7 +223,7 @@ class Nginx:
 
 def _wrk_args(port: int, seconds: float, connections: int, close: bool) -> list[str]:
     args = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-            "-s", str(HERE / "chat.lua"), f"http://127.0.0.1:{port}/v1/chat/completions"]
+            "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}/v1/chat/completions"]
     return [*args, "--", "close"] if close else args
 
 
@@ -424,7 +463,8 @@ def git_commit(where: Path | str = HERE) -> str | None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="bench_workers_c.py", description=__doc__.split("\n\n")[0])
+    global WRK_SCRIPT
+    p = argparse.ArgumentParser(prog="workers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=3.0)
@@ -453,8 +493,10 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_start = loadavg()
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-workers-c-") as d:
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as d:
         tmp = Path(d)
+        WRK_SCRIPT = tmp / "chat.lua"
+        WRK_SCRIPT.write_text(CHAT_LUA)
         nginx = Nginx(tmp)
         try:
             first: float | None = None
