@@ -23,9 +23,8 @@ mode on the same fleet, two vLLM doubles of 8 sequences at 40 ms a decode step::
     .venv/bin/python bench/fairness.py light bench/results/fair
 
 ``--timeout 15`` instead of 120 has the clients give up as the published "give up at 15 s"
-row does; ``a-onekey``, or ``a-fair`` with ``--policies round-robin`` (the harness straight to
-the engines), give the rows without fairness (``--duration 30 --timeout 15`` there). For the
-tenants: ``b-tenants`` at ``--rate 16 --duration 30 --timeout 15``, then
+row does; ``a-onekey`` (``--duration 30 --timeout 15``) gives the row without fairness. For
+the tenants: ``b-tenants`` at ``--rate 16 --duration 30 --timeout 15``, then
 ``bench/fairness.py tenants bench/results/fair``.
 
 ``light`` prints, for every mode run beside ``a-alone`` and every policy in it, the light
