@@ -39,7 +39,7 @@ doctor-demo: install
 	$(PY) contrib/doctor_demo.py
 
 lint: install
-	$(VENV)/bin/ruff check pharos tests twisted contrib
+	$(VENV)/bin/ruff check pharos tests twisted contrib bench
 	$(VENV)/bin/mypy
 
 # The documentation site (docs/, Sphinx), warnings as errors, into docs/_build/html.
@@ -54,10 +54,10 @@ test: lint
 check: lint
 	PHAROS_LIVE=0 $(PY) -m pytest -ra -p no:cacheprovider -m "not live and not packaging"
 
-# The reliability stress table (issue 9): ~10 minutes, not part of `make test`; results into
-# contrib/bench/stress-<date>/ (commit them with the machine and date they name).
+# The reliability stress table: ~10 minutes, not part of `make test`. Results go to
+# bench/results/stress/ (ignored by git); docs/performance.rst keeps the current figures.
 stress: install
-	$(PY) contrib/stress/stress.py --out contrib/bench/stress-$$(date +%Y-%m-%d)
+	$(PY) contrib/stress/stress.py --out bench/results/stress
 
 live-engines:
 	bash tests/live/engines/setup.sh all

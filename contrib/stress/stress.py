@@ -1,4 +1,5 @@
-"""``make stress``: the reliability stress table of issue 9 on this machine.
+"""``make stress``: the reliability stress table (docs/performance.rst, "Stress") on this
+machine.
 
 Pharos runs as a real twistd process in front of real ``pharos sim-engine`` processes (and,
 for the bulk stream, a bulk engine served from this process), all on loopback; the clients

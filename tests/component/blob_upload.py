@@ -1,6 +1,5 @@
-"""A large blob upload through Pharos with bounded memory (issue 17 item 7): the uploading
-client and what it measures, shared by the layer-3 test and the 1 GiB benchmark
-(``contrib/bench/blob-upload-2026-12-02``)."""
+"""A large blob upload through Pharos with bounded memory: the uploading client and what it
+measures, shared by the layer-3 test and the 1 GiB benchmark (``bench/blob_upload.py``)."""
 
 from __future__ import annotations
 

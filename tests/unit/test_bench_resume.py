@@ -15,8 +15,9 @@ from pharos.bench.run import RunSpec
 
 
 def compare_args(out: Path, *extra: str) -> list[str]:
-    """The restart bench's command line (``contrib/bench/peers-2026-12-02d/run.sh``), short,
-    with a workload argument that parses to a tuple (``prompt_tokens=[...]``)."""
+    """The restart bench's command line (docs/performance.rst, "Several instances and
+    restarts"), short, with a workload argument that parses to a tuple
+    (``prompt_tokens=[...]``)."""
     return ["--engines", "3", "--kind", "vllm", "--engine-arg=--max-num-seqs=64",
             "--backend-capacity", "64", "--duration", "10", "--warmup", "2", "--seeds", "1",
             "--policies", "cost", "--workload", "w1", "--rate", "6",
