@@ -30,7 +30,7 @@ from zope.interface import implementer
 
 from pharos.config import Backend, Config, Listen, LogFeed
 from pharos.discovery.docker import DockerAPI, DockerDiscovery, DockerLogFeed
-from pharos.discovery.feed import feed_for
+from pharos.discovery.logfile import feed_for
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import Fetcher
 from pharos.sim.double import start_double
