@@ -44,9 +44,8 @@ def watcher(tmp_path: Path) -> tuple[ConfigWatcher, Path, list[Config], Clock]:
     path = tmp_path / "pharos.yaml"
     write(path, f"keys: [{{name: a, sha256: {A}}}]\n", 1000)
     applied: list[Config] = []
-    w = ConfigWatcher(str(path), load_config(path), applied.append)
     clock = Clock()
-    w.clock = clock
+    w = ConfigWatcher(str(path), load_config(path), applied.append, clock)
     w.startService()
     return w, path, applied, clock
 
