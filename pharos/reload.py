@@ -48,7 +48,8 @@ class ConfigWatcher(Periodic):
 
     def __init__(self, path: str, current: Config, apply: Callable[[Config], None],
                  clock: IReactorTime, interval: float = RELOAD_EVERY) -> None:
-        super().__init__(clock, interval, self.check, now=True, what=f"config {path} check")
+        super().__init__(clock, interval, self.check, now=True,
+                         what=f"config {path}: applying the reloaded config")
         self.path = path
         self.current = current
         self.apply = apply
@@ -67,11 +68,7 @@ class ConfigWatcher(Periodic):
         stamp = self._stat()
         if stamp is None or stamp == self._stamp:
             return False
-        try:
-            return bool(self.reload().applied)
-        except Exception:  # logged with the path; the check answers False
-            log.failure("config {path}: applying the reloaded config failed", path=self.path)
-            return False
+        return bool(self.reload().applied)
 
     def reload(self) -> Reloaded:
         """Read the file now, changed or not (SIGHUP, ``/admin/reload``), and apply its live

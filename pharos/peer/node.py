@@ -42,7 +42,6 @@ and merged (``restore``), which heals whatever a partition missed.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -51,7 +50,7 @@ import treq
 from treq.client import HTTPClient
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, TimeoutError, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
@@ -197,7 +196,7 @@ class PeerNode(Service):
         self.fingerprint_mismatch: set[str] = set()
         self._resolve_loop = Periodic(clock, DNS_INTERVAL, self._resolve, now=True,
                                       what="peers: resolving members")
-        self._flush_call: Any = None  # the delayed call of ``_flush``, while one is due
+        self._flush_call: IDelayedCall | None = None  # while a ``_flush`` is due
 
     # --- membership ----------------------------------------------------------------------
 
@@ -602,9 +601,4 @@ class PeerNode(Service):
 
 def _cell_key(row: Any) -> tuple[object, ...]:
     return (row["kind"], row["bucket"], row["key"], row["tenant"], row["model"])
-
-
-def check_bearer(header: bytes | None, secret: bytes) -> bool:
-    """The request's ``Authorization`` is ``Bearer <secret>`` (constant time)."""
-    return header is not None and hmac.compare_digest(header, b"Bearer " + secret)
 
