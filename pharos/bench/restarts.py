@@ -21,6 +21,7 @@ from typing import Any, Final
 import treq
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import HTTPConnectionPool
 
 from pharos.bench.records import RequestRecord
@@ -119,7 +120,7 @@ class HealthWatch:
     and a balancer marks an instance down only on evidence). Every URL counts as up until its
     first poll answers."""
 
-    def __init__(self, reactor: Any, urls: Sequence[str], pool: HTTPConnectionPool,
+    def __init__(self, reactor: IReactorTime, urls: Sequence[str], pool: HTTPConnectionPool,
                  interval: float = HEALTH_POLL) -> None:
         self.reactor = reactor
         self.urls = list(urls)
