@@ -30,7 +30,7 @@ from pharos.config import (
 from pharos.engine.signals import Signal
 from pharos.proxy.auth import digest
 from pharos.reload import RELOAD_EVERY, ConfigWatcher, Sighup
-from tests.unit.test_state import make, ollama, spec
+from tests.support.state import make, ollama, spec
 
 A, B = digest("phk-a"), digest("phk-b")
 

@@ -1,5 +1,5 @@
 """CPU of one peer tick, sender and receiver together, in one process (no HTTP): two
-instances over the in-memory transport of the tests (``tests/component/peer_mesh.py``), 40
+instances over the in-memory transport of the tests (``tests/support/peer_mesh.py``), 40
 usage cells (20 keys, day and minute), 3 targets. ``busy``: each tick carries one new prefix op
 (16 hashes) and one key's usage changed; ``idle``: nothing changed. Run with
 ``PYTHONPATH=TREE`` for each code tree; prints JSON (ms per tick, best of ``--repeat``)."""
@@ -13,7 +13,7 @@ import time
 from twisted.internet.task import Clock
 
 from pharos.prefix import PrefixOp
-from tests.component.peer_mesh import MemoryNetwork, instance, llamacpp
+from tests.support.peer_mesh import MemoryNetwork, instance, llamacpp
 
 
 def main() -> None:
