@@ -45,6 +45,8 @@ class Periodic(Service):
 
     def startService(self) -> None:
         super().startService()
+        if self._busy is not None:  # restarted during a call: its end schedules the next
+            return
         if self.now:
             self._run()
         else:

@@ -104,3 +104,25 @@ def test_stop_cancels_the_next_call_and_waits_for_the_one_under_way() -> None:
     assert idle.stopService().called
     clock.advance(10.0)
     assert calls == [0.0, 10.0]
+
+
+def test_a_restart_during_a_call_does_not_run_two_at_once() -> None:
+    """Stopped and started again while a call is under way, the loop waits for that call and
+    counts the interval from its end."""
+    clock, pending, calls = Clock(), [], []
+
+    def work() -> Deferred[None]:
+        calls.append(clock.seconds())
+        d: Deferred[None] = Deferred()
+        pending.append(d)
+        return d
+
+    loop = Periodic(clock, 1.0, work, now=True)
+    loop.startService()
+    loop.stopService()
+    loop.startService()
+    assert calls == [0.0]
+    clock.advance(2.0)
+    pending.pop().callback(None)
+    clock.advance(1.0)
+    assert calls == [0.0, 3.0] and len(clock.getDelayedCalls()) == 0
