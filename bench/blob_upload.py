@@ -3,7 +3,7 @@ docs/performance.rst's Memory section).
 
 Pharos runs as its own process (``twistd -n pharos``) in front of a simulated Ollama engine
 that reads blob uploads at a set rate (``OllamaManagement.read_rate``; 0: as fast as they
-come); this script is the client (``tests.component.blob_upload.Upload``: a streaming producer
+come); this script is the client (``tests.support.blob_upload.Upload``: a streaming producer
 of a repeated random 1 MiB block) and the engine. For each rate it reports the upload's time,
 the engine's verdict (201: digest matched) and Pharos's RSS before and at its peak (sampled
 every 50 ms from /proc). Run from a checkout after ``make install`` (the client comes from
@@ -36,7 +36,7 @@ from twisted.web.http_headers import Headers
 
 from pharos.proxy.auth import digest
 from pharos.sim.double import start_double
-from tests.component.blob_upload import Upload, digest_of
+from tests.support.blob_upload import Upload, digest_of
 
 ADMIN = "phk-bench-admin"
 MIB = 1 << 20

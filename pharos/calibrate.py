@@ -39,6 +39,7 @@ from itertools import combinations
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from pharos.config import COST_MODEL_FIELDS
 from pharos.engine.fetch import Fetched, Fetcher, FetchError, HTTPFetcher, make_client
@@ -200,7 +201,8 @@ class Engine:
 
     kind = ""
 
-    def __init__(self, fetcher: HTTPFetcher, model: str, timeout: float, clock: Any) -> None:
+    def __init__(self, fetcher: HTTPFetcher, model: str, timeout: float,
+                 clock: IReactorTime) -> None:
         self.fetcher = fetcher
         self.model = model
         self.timeout = timeout
@@ -352,7 +354,7 @@ class Report:
 class Calibrator:
     """Runs the probe plan against one engine on ``clock``."""
 
-    def __init__(self, engine: Engine, clock: Any, *, seed: int,
+    def __init__(self, engine: Engine, clock: IReactorTime, *, seed: int,
                  cached: Sequence[int] = DEFAULT_CACHED,
                  uncached: Sequence[int] = DEFAULT_UNCACHED,
                  busy_wait: float = 30.0,
@@ -427,14 +429,14 @@ def _sample(got: Probe, wall: float, prefix_count: int | None) -> tuple[Sample |
     return Sample(total - cached, cached, sec, wall), ""
 
 
-def _sleep(clock: Any, seconds: float) -> Deferred[None]:
+def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:
     d: Deferred[None] = Deferred()
     clock.callLater(seconds, d.callback, None)
     return d
 
 
 async def engine_for(fetcher: HTTPFetcher, kind: str, model: str | None,
-                     timeout: float, clock: Any) -> Engine:
+                     timeout: float, clock: IReactorTime) -> Engine:
     """The engine adapter, its kind detected and its model found when not given."""
     if kind == AUTO:
         try:
@@ -536,7 +538,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return a
 
 
-async def main_calibrate(a: argparse.Namespace, reactor: Any) -> int:
+async def main_calibrate(a: argparse.Namespace, reactor: IReactorTime) -> int:
     """Run a calibration as ``parse_args`` read it; 0 with the fragment printed, else 2."""
     cached, uncached, seed = a.cached, a.uncached, a.seed
     url = a.url.rstrip("/")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 
 from pharos.engine.library import AUTO, KINDS
 
@@ -158,7 +159,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     options = parse_args(args.rest)
     result: list[int] = []
 
-    async def run(reactor: Any) -> None:
+    async def run(reactor: IReactorTime) -> None:
         result.append(await main_calibrate(options, reactor))
 
     try:
@@ -240,7 +241,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     code: list[int] = []
 
-    def run(reactor: Any) -> Deferred[None]:
+    def run(reactor: IReactorTime) -> Deferred[None]:
         async def go() -> None:
             code.append(await _doctor(args, reactor))
 
@@ -254,7 +255,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return code[0] if code else 2
 
 
-async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
+async def _doctor(args: argparse.Namespace, reactor: IReactorTime) -> int:
     from pharos.engine.doctor import examine, render_json, render_text
     from pharos.engine.fetch import CaptureFetcher, HTTPFetcher, make_client
 
@@ -337,7 +338,7 @@ async def _doctor(args: argparse.Namespace, reactor: Any) -> int:
 DOCTOR_LOG_LINES = 200_000
 
 
-async def _docker_log(reactor: Any, container: str) -> list[bytes] | None:
+async def _docker_log(reactor: IReactorTime, container: str) -> list[bytes] | None:
     """A container's log as it is now (``docker://NAME`` feeds), read once through the Engine
     API on ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when it
     cannot be read."""

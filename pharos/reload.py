@@ -1,4 +1,4 @@
-"""Hot reload (spec §10): the config file is read again when its modification time changes
+"""Hot reload: the config file is read again when its modification time changes
 (checked every ``RELOAD_EVERY`` seconds), at once on SIGHUP, and when an admin asks
 (``POST /admin/reload``). The live fields (``config.LIVE_FIELDS``: keys, tenants, static
 backends, routing guards, data-plane timeouts) apply; any other changed field is logged as
@@ -18,9 +18,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from twisted.application.internet import TimerService
 from twisted.application.service import Service
-from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.logger import Logger
 
 from pharos.config import (
@@ -32,23 +31,25 @@ from pharos.config import (
     reload_diff,
     with_live,
 )
+from pharos.periodic import Periodic
 
 log = Logger()
 
-#: Seconds between checks of the config file's modification time (spec §10).
+#: Seconds between checks of the config file's modification time.
 RELOAD_EVERY = 10.0
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
-class ConfigWatcher(TimerService):
+class ConfigWatcher(Periodic):
     """Re-reads ``path`` when it changes (or when told to) and hands the config to put in
     force to ``apply``: ``current`` with the changed live fields; ``current`` is the config
-    in force."""
+    in force. The first check runs at start."""
 
     def __init__(self, path: str, current: Config, apply: Callable[[Config], None],
-                 interval: float = RELOAD_EVERY) -> None:
-        super().__init__(interval, self.check)
+                 clock: IReactorTime, interval: float = RELOAD_EVERY) -> None:
+        super().__init__(clock, interval, self.check, now=True,
+                         what=f"config {path}: applying the reloaded config")
         self.path = path
         self.current = current
         self.apply = apply
@@ -67,11 +68,7 @@ class ConfigWatcher(TimerService):
         stamp = self._stat()
         if stamp is None or stamp == self._stamp:
             return False
-        try:
-            return bool(self.reload().applied)
-        except Exception:  # a raising call would stop the TimerService for good
-            log.failure("config {path}: applying the reloaded config failed", path=self.path)
-            return False
+        return bool(self.reload().applied)
 
     def reload(self) -> Reloaded:
         """Read the file now, changed or not (SIGHUP, ``/admin/reload``), and apply its live

@@ -240,8 +240,7 @@ class PharosService(MultiService):
         #: without a config file (the demo, tests).
         self.watcher: ConfigWatcher | None = None
         if config_path is not None:
-            self.watcher = ConfigWatcher(config_path, config, self.reconfigure)
-            self.watcher.clock = reactor
+            self.watcher = ConfigWatcher(config_path, config, self.reconfigure, reactor)
             self.watcher.setServiceParent(self)
             Sighup(reactor, self.watcher.reload).setServiceParent(self)
             self.public.reload_config = self.watcher.reload

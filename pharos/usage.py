@@ -37,7 +37,9 @@ import zoneinfo
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, tzinfo
-from typing import Final, Literal, Protocol, TypeAlias, get_args
+from typing import Final, Literal, TypeAlias, get_args
+
+from twisted.internet.interfaces import IReactorTime
 
 from pharos.config import DEFAULT_RETENTION_DAYS
 
@@ -69,12 +71,6 @@ _EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
 #: Slack in the RPM comparison, so the moment ``admit_rpm`` names is admitted despite float
 #: rounding.
 _RPM_SLACK: Final = 1e-9
-
-
-class Clock(Protocol):
-    """What usage needs of the reactor: ``IReactorTime.seconds``."""
-
-    def seconds(self) -> float: ...
 
 
 class Kind(enum.Enum):
@@ -312,7 +308,7 @@ class Ledger:
     the host's); ``retention_days`` is how many days of Day cells are kept, today included.
     """
 
-    def __init__(self, clock: Clock, origin: str, timezone: str | None = None,
+    def __init__(self, clock: IReactorTime, origin: str, timezone: str | None = None,
                  retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
         self.clock = clock
         self.origin = origin

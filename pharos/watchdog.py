@@ -1,15 +1,15 @@
-"""The lease watchdog (issue 9): a lease older than the drain timeout whose reply moved no
+"""The lease watchdog: a lease older than the drain timeout whose reply moved no
 byte for a whole check period is a request nothing will end. The request path is built so
 that this never happens; the watchdog is how an operator would learn that it did. It logs
 each such lease once (target and age, no prompt text) and counts it (``Scheduler.stuck``)."""
 
 from __future__ import annotations
 
-from twisted.application.service import Service
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from pharos.config import DEFAULT_DRAIN_TIMEOUT
+from pharos.periodic import Periodic
 from pharos.sched import Lease, Scheduler
 
 log = Logger()
@@ -18,35 +18,16 @@ log = Logger()
 CHECK_EVERY = 30.0
 
 
-class Watchdog(Service):
+class Watchdog(Periodic):
     """Checks the scheduler's leases every ``every`` seconds on ``clock``."""
 
     def __init__(self, sched: Scheduler, clock: IReactorTime,
                  older_than: float = DEFAULT_DRAIN_TIMEOUT, every: float = CHECK_EVERY) -> None:
+        super().__init__(clock, every, self.check, what="the lease watchdog's check")
         self.sched = sched
-        self.clock = clock
         self.older_than = older_than
         self.every = every
         self._reported: set[int] = set()
-        self._call: IDelayedCall | None = None
-
-    def startService(self) -> None:
-        super().startService()
-        self._call = self.clock.callLater(self.every, self._tick)
-
-    def stopService(self) -> None:
-        super().stopService()
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-
-    def _tick(self) -> None:
-        self._call = None
-        try:
-            self.check()
-        finally:
-            if self.running:
-                self._call = self.clock.callLater(self.every, self._tick)
 
     def check(self) -> list[Lease]:
         """The stuck leases found now that were not reported before (logged and counted)."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.internet.task import deferLater
 
 from pharos.bench.clients import Population, Sender
@@ -120,7 +121,7 @@ def _same_run(path: Path, spec: dict[str, Any]) -> bool:
 class Comparison:
     """The runs of one ``compare`` command; ``shutdown`` ends the current one early."""
 
-    def __init__(self, reactor: Any, a: argparse.Namespace,
+    def __init__(self, reactor: IReactorTime, a: argparse.Namespace,
                  clients: Population | None = None) -> None:
         self.reactor = reactor
         self.a = a
@@ -329,7 +330,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main_compare(argv: Sequence[str], reactor: Any) -> int:
+def main_compare(argv: Sequence[str], reactor: IReactorCore) -> int:
     """``pharos bench compare ...`` on ``reactor`` (the console script passes the global
     one)."""
     a = parser().parse_args(argv)
@@ -361,6 +362,6 @@ def main_compare(argv: Sequence[str], reactor: Any) -> int:
     except (TypeError, ValueError) as e:
         print(f"pharos bench compare: {e}", file=sys.stderr)
         return 2
-    comparison = Comparison(reactor, a, clients)
+    comparison = Comparison(IReactorTime(reactor), a, clients)
     reactor.addSystemEventTrigger("before", "shutdown", comparison.shutdown)
     return drive(reactor, lambda: Deferred.fromCoroutine(comparison.run()))

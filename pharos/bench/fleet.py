@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
 
 from pharos.bench.openloop import new_pool
 from pharos.bench.processes import (
@@ -118,8 +119,9 @@ class Fleet:
     """The processes of one run; ``stop`` ends every one it started. Logs, Pharos's configs,
     the peers' secret and the state files go under ``logs``."""
 
-    def __init__(self, reactor: Any, logs: Path) -> None:
+    def __init__(self, reactor: IReactorTime, logs: Path) -> None:
         self.reactor = reactor
+        self.processes = IReactorProcess(reactor)  # the same reactor, for spawning
         self.logs = logs
         self.children: list[Child] = []
         self.engine_urls: list[str] = []
@@ -135,7 +137,7 @@ class Fleet:
         """Start the fleet; the base URLs the harness sends to (Pharos's, or the engines')."""
         pool = new_pool(self.reactor)
         try:
-            engines = [spawn(self.reactor, f"engine {n}", engine_command(spec),
+            engines = [spawn(self.processes, f"engine {n}", engine_command(spec),
                              self.logs / f"engine-{n}.log") for n in range(spec.engines)]
             self.children += engines
             try:
@@ -151,7 +153,7 @@ class Fleet:
                 raise StartError("stopped while starting")
             self._configure(spec)
             for k, argv in enumerate(self._argv):
-                self.children.append(spawn(self.reactor, instance_name(k, spec.instances),
+                self.children.append(spawn(self.processes, instance_name(k, spec.instances),
                                            argv, self.logs / f"{_stem(k, spec.instances)}.log",
                                            cwd=self.logs, announces=False))
             for k, url in enumerate(self.pharos_urls):
@@ -213,7 +215,7 @@ class Fleet:
             event["error"] = "the fleet is stopping"
             return event
         n = sum(1 for c in self.children if c.name == name)
-        child = spawn(self.reactor, name, self._argv[k],
+        child = spawn(self.processes, name, self._argv[k],
                       self.logs / f"{_stem(k, instances)}.restart{n}.log", cwd=self.logs,
                       announces=False)
         self.children = [c for c in self.children if c is not old] + [child]

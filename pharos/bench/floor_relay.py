@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IConsumer
+from twisted.internet.interfaces import IConsumer, IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
@@ -74,7 +74,7 @@ class AgentRelay(Resource):
 
     isLeaf = True
 
-    def __init__(self, reactor: Any, engine: bytes) -> None:
+    def __init__(self, reactor: IReactorTime, engine: bytes) -> None:
         super().__init__()
         pool = HTTPConnectionPool(reactor, persistent=True)
         pool.maxPersistentPerHost = 128
@@ -117,7 +117,7 @@ def _fail(request: Request, failure: Any) -> None:
     request.finish()
 
 
-def klein_treq(reactor: Any, engine: str) -> Resource:
+def klein_treq(reactor: IReactorTime, engine: str) -> Resource:
     """``klein-treq``: a Klein route relaying through treq."""
     from klein import Klein
     from treq.client import HTTPClient

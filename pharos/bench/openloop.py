@@ -127,7 +127,7 @@ def classify(failure: Failure) -> str:
     return type(failure.value).__name__
 
 
-def new_pool(reactor: Any) -> HTTPConnectionPool:
+def new_pool(reactor: IReactorTime) -> HTTPConnectionPool:
     """A pool that never makes a request wait for another's connection."""
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = 256
@@ -151,7 +151,7 @@ class OpenLoop:
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IReactorTime,
         requests: Sequence[Request],
         urls: Sequence[str],
         *,

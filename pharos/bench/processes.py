@@ -15,11 +15,12 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import treq
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
@@ -122,7 +123,7 @@ class Child(ProcessProtocol):
         return "\n".join(text.splitlines()[-lines:])
 
 
-def spawn(reactor: Any, name: str, argv: Sequence[str], log_path: Path,
+def spawn(reactor: IReactorProcess, name: str, argv: Sequence[str], log_path: Path,
           cwd: Path | None = None, announces: bool = True) -> Child:
     """Start ``argv`` with its output in ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,7 @@ def spawn(reactor: Any, name: str, argv: Sequence[str], log_path: Path,
     return child
 
 
-async def wait_until(reactor: Any, child: Child, url: str, pool: HTTPConnectionPool,
+async def wait_until(reactor: IReactorTime, child: Child, url: str, pool: HTTPConnectionPool,
                      timeout: float = START_TIMEOUT) -> None:
     """Poll ``GET url`` until it answers 200; ``StartError`` when ``child`` ends or
     ``timeout`` passes first."""
@@ -153,7 +154,7 @@ async def wait_until(reactor: Any, child: Child, url: str, pool: HTTPConnectionP
         await deferLater(reactor, _POLL, lambda: None)
 
 
-async def stop(reactor: Any, child: Child, grace: float = STOP_GRACE) -> None:
+async def stop(reactor: IReactorTime, child: Child, grace: float = STOP_GRACE) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds; returns once it ended (or gave up
     waiting ``grace`` more seconds after SIGKILL)."""
     for signal, wait in (("TERM", grace), ("KILL", grace)):
@@ -171,7 +172,7 @@ def _signal(child: Child, signal: str) -> None:
         pass
 
 
-async def _ended_within(reactor: Any, child: Child, seconds: float) -> None:
+async def _ended_within(reactor: IReactorTime, child: Child, seconds: float) -> None:
     deadline = reactor.seconds() + seconds
     while child.running and reactor.seconds() < deadline:
         await deferLater(reactor, _POLL, lambda: None)

@@ -7,7 +7,8 @@ import sys
 from typing import Protocol, TextIO
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
+
+from pharos.periodic import Periodic
 
 #: Seconds between redraws.
 INTERVAL = 0.5
@@ -36,7 +37,7 @@ class Progress:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty()
-        self._loop: LoopingCall | None = None
+        self._loop = Periodic(clock, INTERVAL, self._draw, now=True, what="progress line")
 
     def line(self) -> str:
         """The text of the line, as it stands."""
@@ -50,19 +51,14 @@ class Progress:
 
     def start(self) -> None:
         """Begin redrawing (on a terminal only)."""
-        if not self.enabled or self._loop is not None:
-            return
-        self._loop = LoopingCall(self._draw)
-        self._loop.clock = self.clock
-        self._loop.start(INTERVAL, now=True)
+        if self.enabled and not self._loop.running:
+            self._loop.startService()
 
     def stop(self) -> None:
         """Stop redrawing; leave the final state on its own line."""
-        if self._loop is None:
+        if not self._loop.running:
             return
-        if self._loop.running:
-            self._loop.stop()
-        self._loop = None
+        self._loop.stopService()
         self._draw()
         self.stream.write("\n")
         self.stream.flush()

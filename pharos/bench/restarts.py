@@ -21,11 +21,12 @@ from typing import Any, Final
 import treq
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.task import LoopingCall
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import HTTPConnectionPool
 
 from pharos.bench.records import RequestRecord
 from pharos.bench.summary import hit_rate
+from pharos.periodic import Periodic
 
 #: Seconds of one probe interval: a full scrape round (spec §4, every 5 s), the window over
 #: which a restarted instance's hit rate is measured once it is back.
@@ -119,7 +120,7 @@ class HealthWatch:
     and a balancer marks an instance down only on evidence). Every URL counts as up until its
     first poll answers."""
 
-    def __init__(self, reactor: Any, urls: Sequence[str], pool: HTTPConnectionPool,
+    def __init__(self, reactor: IReactorTime, urls: Sequence[str], pool: HTTPConnectionPool,
                  interval: float = HEALTH_POLL) -> None:
         self.reactor = reactor
         self.urls = list(urls)
@@ -127,18 +128,17 @@ class HealthWatch:
         self.interval = interval
         self.state: dict[str, bool] = dict.fromkeys(self.urls, True)
         self._busy: set[str] = set()
-        self._loop = LoopingCall(self._poll)
-        self._loop.clock = reactor
+        self._loop = Periodic(reactor, interval, self._poll, now=True, what="health poll")
 
     def up(self, url: str) -> bool:
         return self.state.get(url, True)
 
     def start(self) -> None:
-        self._loop.start(self.interval, now=True)
+        self._loop.startService()
 
     def stop(self) -> None:
         if self._loop.running:
-            self._loop.stop()
+            self._loop.stopService()
 
     def _poll(self) -> None:
         for url in self.urls:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ReactorNotRunning
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.python.failure import Failure
 
 from pharos.bench.clients import Population, Sender, load
@@ -80,7 +81,7 @@ class RunSpec:
         }
 
 
-async def execute(reactor: Any, spec: RunSpec, requests: Sequence[Request] | None = None,
+async def execute(reactor: IReactorTime, spec: RunSpec, requests: Sequence[Request] | None = None,
                   extra: dict[str, Any] | None = None, label: str = "",
                   started: Callable[[OpenLoop], None] | None = None,
                   senders: Sequence[Sender] | None = None,
@@ -196,7 +197,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def drive(reactor: Any, job: Callable[[], Deferred[int]]) -> int:
+def drive(reactor: IReactorCore, job: Callable[[], Deferred[int]]) -> int:
     """Run ``job`` on ``reactor`` until it ends (or Ctrl-C); its exit code (1 on a crash)."""
     code = [1]
 
@@ -226,7 +227,7 @@ def load_clients(path: Path) -> Population:
         raise ValueError(f"{path}: {e}") from None
 
 
-def main_run(argv: Sequence[str], reactor: Any) -> int:
+def main_run(argv: Sequence[str], reactor: IReactorCore) -> int:
     """``pharos bench run ...`` on ``reactor`` (the console script passes the global one)."""
     a = parser().parse_args(argv)
     if len(a.url) > 1 and a.dispatch is None:
@@ -249,7 +250,8 @@ def main_run(argv: Sequence[str], reactor: Any) -> int:
         return 2
 
     async def job() -> int:
-        doc = await execute(reactor, spec, requests, label=a.workload, senders=senders)
+        doc = await execute(IReactorTime(reactor), spec, requests, label=a.workload,
+                            senders=senders)
         write_result(a.out, doc)
         print(describe(doc["summary"]))
         print(f"wrote {a.out}")

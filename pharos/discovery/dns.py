@@ -16,13 +16,13 @@ import socket
 from collections.abc import Callable
 from typing import Any, Final
 
-from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.defer import DeferredList
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pharos.config import Backend, DnsBackends
+from pharos.periodic import Periodic
 
 log = Logger()
 
@@ -39,15 +39,16 @@ def default_resolver() -> Any:
     return client.createResolver()
 
 
-class DnsGroup(Service):
+class DnsGroup(Periodic):
     """One ``dns:`` entry: its members' backends in ``backends``, ``on_change`` told when the
-    set changes."""
+    set changes. Resolves at start, then ``refresh`` seconds after each answer."""
 
     def __init__(self, spec: DnsBackends, resolver: Any, clock: IReactorTime,
                  on_change: Callable[[], None] = lambda: None) -> None:
+        super().__init__(clock, spec.refresh, self.resolve, now=True, cancel=True,
+                         what=f"DNS backends dns {spec.name} port {spec.port}: a lookup")
         self.spec = spec
         self.resolver = resolver
-        self.clock = clock
         self.on_change = on_change
         self.backends: tuple[Backend, ...] = ()
         #: The addresses of the last answer; ``None`` before the first.
@@ -55,38 +56,9 @@ class DnsGroup(Service):
         #: Why the last lookup failed; ``None`` while lookups succeed.
         self.failing: str | None = None
         self.lookups = 0
-        self._next: IDelayedCall | None = None
-        self._inflight: Deferred[None] | None = None
 
     def describe(self) -> str:
         return f"dns {self.spec.name} port {self.spec.port}"
-
-    def startService(self) -> None:
-        super().startService()
-        self._tick()
-
-    def stopService(self) -> None:
-        super().stopService()
-        if self._next is not None and self._next.active():
-            self._next.cancel()
-        self._next = None
-        if self._inflight is not None:
-            self._inflight.cancel()
-
-    def _tick(self) -> None:
-        """Resolve, then again ``refresh`` seconds after the answer (never two at once)."""
-        self._next = None
-        d = self._inflight = Deferred.fromCoroutine(self.resolve())
-
-        def again(result: Failure | None) -> None:
-            self._inflight = None
-            if isinstance(result, Failure) and not result.check(CancelledError):
-                log.failure("DNS backends {what}: unexpected failure", result,
-                            what=self.describe())
-            if self.running:
-                self._next = self.clock.callLater(self.spec.refresh, self._tick)
-
-        d.addBoth(again)
 
     async def resolve(self) -> None:
         """One lookup of A and AAAA records; the set changes only on an answer."""

@@ -29,7 +29,7 @@ from typing import Any, Final
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import UNIXClientEndpoint
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorTime, IReactorUNIX, IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -138,7 +138,7 @@ def unix_timestamp(rfc3339: object) -> str | None:
 class _UNIXEndpoints:
     """Every request goes to the one socket, whatever host the URL names."""
 
-    def __init__(self, reactor: Any, path: str, timeout: float) -> None:
+    def __init__(self, reactor: IReactorUNIX, path: str, timeout: float) -> None:
         self.reactor = reactor
         self.path = path
         self.timeout = timeout
@@ -192,13 +192,12 @@ class DockerAPI:
     """The Engine API on one UNIX socket: requests under the negotiated version, bounded
     JSON answers, streamed bodies. Nothing here keeps a connection between requests."""
 
-    def __init__(self, reactor: Any, path: str, timeout: float = REQUEST_TIMEOUT) -> None:
-        self.reactor = reactor
-        self.clock: IReactorTime = reactor
+    def __init__(self, reactor: IReactorTime, path: str, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.reactor = self.clock = reactor
         self.path = path
         self.timeout = timeout
         self.agent = Agent.usingEndpointFactory(
-            reactor, _UNIXEndpoints(reactor, path, timeout),
+            reactor, _UNIXEndpoints(IReactorUNIX(reactor), path, timeout),
             pool=HTTPConnectionPool(reactor, persistent=False))
         #: The negotiated API version; ``None`` until the first ``ping``.
         self.version: str | None = None

@@ -3,7 +3,7 @@
 A feed hands each line to ``on_line`` as bytes without its newline and never keeps, logs or
 sends a line's content: lines are matched in memory by the plan's log probes and dropped.
 ``FileFeed`` follows a local file (``file:///path``); Docker discovery supplies the feed for
-``docker://<container>``.
+``docker://<container>``; ``logfile.feed_for`` picks one by URL.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
 
 #: The longest line a feed passes on; a longer one is dropped whole and counted. Every log
 #: line a probe reads (Ollama's server config line is ~2 KB) is far shorter.
@@ -97,21 +96,3 @@ class LineSplitter:
 
 
 DockerFeeds = Callable[[str], LogFeed]
-
-
-def feed_for(url: str, clock: IReactorTime, docker: DockerFeeds | None = None) -> LogFeed:
-    """The feed a ``logs:`` URL names: ``file:///path`` or ``docker://<container>``.
-
-    ``docker`` builds a container's feed (Docker discovery supplies it); without it a
-    ``docker://`` URL is refused by name.
-    """
-    scheme, sep, target = url.partition("://")
-    if sep and scheme == "file" and target.startswith("/"):
-        from pharos.discovery.logfile import FileFeed
-
-        return FileFeed(target, clock)
-    if sep and scheme == "docker" and target:
-        if docker is None:
-            raise FeedUnavailable(f"{url}: no Docker engine to read container logs from")
-        return docker(target)
-    raise FeedUnavailable(f"{url}: expected file:///<absolute path> or docker://<container>")

@@ -17,7 +17,14 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from pharos.discovery.feed import MAX_LINE_BYTES, LineSplitter, OnLine
+from pharos.discovery.feed import (
+    MAX_LINE_BYTES,
+    DockerFeeds,
+    FeedUnavailable,
+    LineSplitter,
+    LogFeed,
+    OnLine,
+)
 
 log = Logger()
 
@@ -166,3 +173,18 @@ class FileFeed:
         if done is not None and not done.called:
             done.errback(why)
 
+
+def feed_for(url: str, clock: IReactorTime, docker: DockerFeeds | None = None) -> LogFeed:
+    """The feed a ``logs:`` URL names: ``file:///path`` or ``docker://<container>``.
+
+    ``docker`` builds a container's feed (Docker discovery supplies it); without it a
+    ``docker://`` URL is refused by name.
+    """
+    scheme, sep, target = url.partition("://")
+    if sep and scheme == "file" and target.startswith("/"):
+        return FileFeed(target, clock)
+    if sep and scheme == "docker" and target:
+        if docker is None:
+            raise FeedUnavailable(f"{url}: no Docker engine to read container logs from")
+        return docker(target)
+    raise FeedUnavailable(f"{url}: expected file:///<absolute path> or docker://<container>")

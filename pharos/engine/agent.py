@@ -19,7 +19,7 @@ from typing import Any
 
 from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.web.client import URI, Agent, HTTPConnectionPool, _ensureValidURI
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
@@ -35,7 +35,7 @@ class EngineAgent(Agent):
     """``Agent`` with each URL parsed, its endpoint built and its ``Host`` value formatted
     once (see the module docstring)."""
 
-    def __init__(self, reactor: Any, pool: HTTPConnectionPool | None = None) -> None:
+    def __init__(self, reactor: IReactorTime, pool: HTTPConnectionPool | None = None) -> None:
         super().__init__(reactor, pool=pool)
         self._urls: dict[bytes, _Parsed] = {}
         self._endpoints: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}

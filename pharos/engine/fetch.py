@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, fail, succeed
@@ -209,7 +209,7 @@ def _stop(transport: object) -> None:
         stop()
 
 
-def make_client(reactor: Any, pool: HTTPConnectionPool | None = None) -> HTTPClient:
+def make_client(reactor: IReactorTime, pool: HTTPConnectionPool | None = None) -> HTTPClient:
     """A treq client that keeps no cookies: nothing an engine sets reaches another request.
     Beneath it ``EngineAgent`` (``Agent`` with each URL's parse and endpoint made once)."""
     if pool is None:

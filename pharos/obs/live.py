@@ -36,6 +36,7 @@ from twisted.web.template import flattenString, tags
 from zope.interface import implementer
 
 from pharos.obs.status import done_fields
+from pharos.periodic import Periodic
 from pharos.state.state import State
 
 log = Logger()
@@ -175,7 +176,8 @@ class LiveMap(Service):
         self.recent: deque[str] = deque(maxlen=BACKLOG)
         self.dropped = 0
         self.sent = 0
-        self._timer: IDelayedCall | None = None
+        #: The keepalive beat, running while there are readers.
+        self._beat = Periodic(clock, keepalive, self._tick, what="live map keepalive")
         self._fleet_sent: bytes = b""
         self._batch: list[str] = []
         self._batch_bytes = 0
@@ -276,31 +278,31 @@ class LiveMap(Service):
         fleet = encode(self.fleet())
         backlog = messages(list(self.recent)) if self.recent else b""
         reader.send(b"retry: 3000\n\n" + fleet + backlog)
-        self._arm()
+        if not self._beat.running:
+            self._beat.interval = self.keepalive  # as it is now (tests shorten it)
+            self._beat.startService()
         return reader.done
 
-    def _arm(self) -> None:
-        if self._timer is None and self.readers:
-            self._timer = self.clock.callLater(self.keepalive, self._tick)
-
     def _tick(self) -> None:
-        """Keepalive comment, and the fleet again when it changed."""
-        self._timer = None
+        """Keepalive comment, and the fleet again when it changed; the last one once the
+        readers have gone."""
         self.flush()
         fleet = encode(self.fleet())
         beat = b": keepalive\n\n" + (fleet if fleet != self._fleet_sent else b"")
         self._fleet_sent = fleet
         for reader in list(self.readers):
             reader.send(beat)
-        self._arm()
+        if not self.readers:
+            self._beat.stopService()
 
     def stopService(self) -> Deferred[None] | None:
         """Close every reader and the keepalive timer."""
         super().stopService()
-        for timer in (self._timer, self._flush_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
-        self._timer = self._flush_timer = None
+        if self._beat.running:
+            self._beat.stopService()
+        if self._flush_timer is not None and self._flush_timer.active():
+            self._flush_timer.cancel()
+        self._flush_timer = None
         self._batch, self._batch_bytes = [], 0
         for reader in list(self.readers):
             reader.abort()

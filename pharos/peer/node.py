@@ -42,7 +42,6 @@ and merged (``restore``), which heals whatever a partition missed.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -50,15 +49,15 @@ from typing import Any, Final, Protocol
 import treq
 from treq.client import HTTPClient
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList, TimeoutError
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
+from twisted.internet.defer import Deferred, DeferredList, TimeoutError, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from pharos.peer.membership import DNS_INTERVAL, Membership
 from pharos.peer.wire import Delta, ProtoMismatch, WireError, decode, encode
+from pharos.periodic import Periodic
 from pharos.prefix import PrefixOp
 from pharos.sched import PEER_SILENCE_SEC, GaugeError, Scheduler
 from pharos.usage import Ledger
@@ -137,7 +136,7 @@ class Peer:
     dropped_ops: int = 0  # ops that found the pending list full
     flush: bool = False  # a moved root waits for the outstanding delta's answer
     flushed: int = 0  # deltas sent early for moved roots
-    loop: LoopingCall | None = None
+    loop: Periodic | None = None
     outstanding: Deferred[Any] | None = None
     skipped: int = 0  # ticks skipped while a delta was outstanding
     idle: int = 0  # ticks skipped because nothing changed since the acknowledged delta
@@ -195,8 +194,9 @@ class PeerNode(Service):
         #: differs from ours.
         self.refused: dict[str, int] = {}
         self.fingerprint_mismatch: set[str] = set()
-        self._resolve_loop: LoopingCall | None = None
-        self._flush_call: Any = None  # the delayed call of ``_flush``, while one is due
+        self._resolve_loop = Periodic(clock, DNS_INTERVAL, self._resolve, now=True,
+                                      what="peers: resolving members")
+        self._flush_call: IDelayedCall | None = None  # while a ``_flush`` is due
 
     # --- membership ----------------------------------------------------------------------
 
@@ -204,14 +204,12 @@ class PeerNode(Service):
         super().startService()
         self._set_members(self.membership.members)
         if self.membership.dynamic:
-            self._resolve_loop = LoopingCall(self._resolve)
-            self._resolve_loop.clock = self.clock
-            self._resolve_loop.start(DNS_INTERVAL, now=True)
+            self._resolve_loop.startService()
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
-        if self._resolve_loop is not None and self._resolve_loop.running:
-            self._resolve_loop.stop()
+        if self._resolve_loop.running:
+            self._resolve_loop.stopService()
         for peer in self.peers.values():
             self._stop_loop(peer)
         if self._flush_call is not None and self._flush_call.active():
@@ -220,11 +218,7 @@ class PeerNode(Service):
         pending = [p.outstanding for p in self.peers.values() if p.outstanding is not None]
         for d in pending:
             d.cancel()
-        return Deferred.fromCoroutine(self._none())
-
-    @staticmethod
-    async def _none() -> None:
-        return None
+        return succeed(None)
 
     def _resolve(self) -> Deferred[None]:
         async def go() -> None:
@@ -250,14 +244,14 @@ class PeerNode(Service):
                     self._start_loop(peer)
 
     def _start_loop(self, peer: Peer) -> None:
-        peer.loop = LoopingCall(self._tick, peer)
-        peer.loop.clock = self.clock
-        peer.loop.start(self.tick, now=False)
+        peer.loop = Periodic(self.clock, self.tick, lambda: self._tick(peer),
+                             what=f"peers: the sender to {peer.member}")
+        peer.loop.startService()
 
     @staticmethod
     def _stop_loop(peer: Peer) -> None:
         if peer.loop is not None and peer.loop.running:
-            peer.loop.stop()
+            peer.loop.stopService()
         peer.loop = None
 
     # --- sending -------------------------------------------------------------------------
@@ -336,8 +330,8 @@ class PeerNode(Service):
 
     def _tick(self, peer: Peer) -> bool:
         """One peer's tick: True when a delta went. Nothing goes when nothing changed since
-        the delta the peer acknowledged, unless a keep-alive is due. Never raises (a
-        LoopingCall stops for good on an error)."""
+        the delta the peer acknowledged, unless a keep-alive is due. Never raises (``_flush``
+        calls it too)."""
         try:
             if peer.myself:
                 return False
@@ -607,9 +601,4 @@ class PeerNode(Service):
 
 def _cell_key(row: Any) -> tuple[object, ...]:
     return (row["kind"], row["bucket"], row["key"], row["tenant"], row["model"])
-
-
-def check_bearer(header: bytes | None, secret: bytes) -> bool:
-    """The request's ``Authorization`` is ``Bearer <secret>`` (constant time)."""
-    return header is not None and hmac.compare_digest(header, b"Bearer " + secret)
 

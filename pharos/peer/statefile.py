@@ -18,14 +18,14 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
-from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pharos.peer import snapshot
 from pharos.peer.snapshot import Replicas, Snapshot, SnapshotError
+from pharos.periodic import Periodic
 
 log = Logger()
 
@@ -74,43 +74,26 @@ def read_snapshot(path: str) -> Snapshot | None:
     return None if data is None else snapshot.decode(data)
 
 
-class StateFile(Service):
+class StateFile(Periodic):
     """Writes the state file every ``interval`` seconds while running; ``write`` writes it
     now (the final write of a shutdown); ``restore`` is the first of ``restore_sources``."""
 
     def __init__(self, path: str, replicas: Replicas, clock: IReactorTime,
                  in_thread: InThread = in_place, interval: float = WRITE_EVERY) -> None:
+        super().__init__(clock, interval, self.write, what=f"state file {path}")
         self.path = path
         self.replicas = replicas
-        self.clock = clock
         self.in_thread = in_thread
-        self.interval = interval
-        self._call: IDelayedCall | None = None
         self._writing: Deferred[None] | None = None
         #: Writes that succeeded and failed (``/status``, tests).
         self.written = 0
         self.failed = 0
 
-    def startService(self) -> None:
-        super().startService()
-        self._schedule()
-
     def stopService(self) -> Deferred[None]:
         """Stop the timer; fires once a write under way has ended (the final write is the
         drain's, ``write``)."""
         super().stopService()
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
         return self._idle()
-
-    def _schedule(self) -> None:
-        if self.running:
-            self._call = self.clock.callLater(self.interval, self._tick)
-
-    def _tick(self) -> None:
-        self._call = None
-        self.write().addBoth(lambda _: self._schedule())
 
     def _idle(self) -> Deferred[None]:
         d: Deferred[None] = Deferred()

@@ -145,11 +145,6 @@ class BlockPool:
     # -- reading --
 
     @property
-    def free_count(self) -> int:
-        """Blocks nobody holds (cached or not)."""
-        return len(self._free)
-
-    @property
     def held(self) -> int:
         """Blocks some owner holds."""
         return self.capacity - len(self._free)

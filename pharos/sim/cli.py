@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from twisted.internet.interfaces import IReactorCore, IReactorTCP
+
 from pharos.engine.library import VLLM
 from pharos.sim.batch import VLLM_KNOBS
 from pharos.sim.double import KINDS
@@ -123,14 +125,14 @@ def double_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main_sim_engine(argv: Sequence[str] | None, reactor: Any) -> int:
+def main_sim_engine(argv: Sequence[str] | None, reactor: IReactorCore) -> int:
     """Run one double on ``reactor`` (the console script passes the global one) until
     interrupted; the exit code."""
     args = parser().parse_args(argv)
     from pharos.sim.double import start_double
 
     try:
-        double, port = start_double(args.kind, reactor, port=args.port,
+        double, port = start_double(args.kind, IReactorTCP(reactor), port=args.port,
                                     interface=args.interface, **double_args(args))
     except (OSError, ValueError) as e:
         print(f"pharos sim-engine: {e}", file=sys.stderr)

@@ -397,15 +397,6 @@ class PrefixCache:
             self._blocks.move_to_end(b)
         return n * BLOCK_TOKENS
 
-    def peek(self, blocks: Sequence[bytes]) -> int:
-        """Like ``lookup``, without touching anything."""
-        n = 0
-        for b in blocks:
-            if b not in self._blocks:
-                break
-            n += 1
-        return n * BLOCK_TOKENS
-
     def insert(self, blocks: Sequence[bytes]) -> None:
         """Remember ``blocks`` (a prompt's chain), evicting the least recently used."""
         if self._capacity <= 0:

@@ -11,7 +11,7 @@ unknown, never 0) and the follower reconnects with backoff, 1 s doubling to 30 s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred
@@ -20,12 +20,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pharos.config import Backend as BackendSpec
-from pharos.discovery.feed import DockerFeeds, FeedUnavailable, LogFeed, feed_for
+from pharos.discovery.feed import DockerFeeds, FeedUnavailable, LogFeed
+from pharos.discovery.logfile import feed_for
 from pharos.engine.signals import LOAD_ORDER, Residency, Snapshot, load_of
-from pharos.state.registry import BackendState, rename
-
-if TYPE_CHECKING:
-    from pharos.state.state import State
+from pharos.state.registry import BackendState, Target, rename
 
 log = Logger()
 
@@ -78,10 +76,21 @@ def overlay(old: Snapshot, new: Snapshot) -> Snapshot:
     )
 
 
+class Owner(Protocol):
+    """What a follower needs of the state service (``State``), named here so this module
+    does not import the one that starts it."""
+
+    clock: IReactorTime
+
+    def target_of(self, backend: BackendState, model: str) -> Target | None: ...
+
+    def decided(self, b: BackendState, stage: str, outcome: str) -> None: ...
+
+
 class LogFollower(Service):
     """One backend's log feed, connected while the service runs, reconnected with backoff."""
 
-    def __init__(self, state: State, backend: BackendState, feed: LogFeed) -> None:
+    def __init__(self, state: Owner, backend: BackendState, feed: LogFeed) -> None:
         self.state = state
         self.backend = backend
         self.feed = feed

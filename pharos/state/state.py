@@ -9,16 +9,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from treq.client import HTTPClient
 from twisted.application.service import MultiService
-from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetcher, HTTPFetcher
 from pharos.engine.own import own_probes
 from pharos.engine.plan import FETCH_ERROR, BackendUnreachable, DetectionFailed, resolve
 from pharos.engine.signals import FAST_SIGNALS, Residency, Snapshot
+from pharos.periodic import Periodic
 from pharos.state.logs import FeedFactory, LogFollower, default_feeds
 from pharos.state.registry import (
     STALE_AFTER_INTERVALS,
@@ -420,8 +420,8 @@ _CachedUp = tuple[int, float, float, tuple[Target, ...]]
 class Scraper(MultiService):
     """One backend's rounds: resolve, then load rounds every interval and a full round every
     ``full_every``; a random start offset spreads backends; a failure is recorded and the
-    loop carries on (a raising callable would stop a TimerService for good). Its child, the
-    ``LogFollower``, runs while the plan has active log probes."""
+    loop carries on. Its child, the ``LogFollower``, runs while the plan has active log
+    probes."""
 
     def __init__(self, state: State, backend: BackendState) -> None:
         super().__init__()
@@ -431,23 +431,19 @@ class Scraper(MultiService):
         self.own = own_probes(backend.spec.probes)
         self.log_feed = state.log_feed_for(backend.spec)
         self.follower: LogFollower | None = None
-        self._call: IDelayedCall | None = None
-        self._round_d: Deferred[None] | None = None
+        self.loop = Periodic(state.clock, state.load_interval, self.round, spread=True,
+                             jitter=JITTER, random=state.rng, cancel=True,
+                             what=f"scrape round of {backend.url}")
         self._resolve_due = True
         self._resolved_at = 0.0
 
     def startService(self) -> None:
         super().startService()
-        self._schedule(self.state.rng() * self.state.load_interval)
+        self.loop.startService()
 
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = super().stopService()  # the log follower
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-        d = self._round_d
-        if d is not None:
-            d.cancel()
+        self.loop.stopService()
         return stopped
 
     def _follow_logs(self) -> None:
@@ -460,27 +456,6 @@ class Scraper(MultiService):
         elif not wanted and self.follower is not None:
             self.follower.disownServiceParent()
             self.follower = None
-
-    def _schedule(self, delay: float) -> None:
-        if self.running:
-            self._call = self.state.clock.callLater(delay, self._tick)
-
-    def _tick(self) -> None:
-        self._call = None
-        d = Deferred.fromCoroutine(self.round())
-        self._round_d = d
-
-        def failed(f: Failure) -> None:
-            if not f.check(CancelledError):
-                log.failure("scrape round of {url} failed", f, url=self.backend.url)
-
-        def done(_: object) -> None:
-            self._round_d = None
-            interval = self.state.load_interval
-            self._schedule(interval * (1 + JITTER * (2 * self.state.rng() - 1)))
-
-        d.addErrback(failed)
-        d.addBoth(done)
 
     async def round(self) -> None:
         """One round; never raises for an engine's fault."""

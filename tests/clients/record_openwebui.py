@@ -34,10 +34,10 @@ from twisted.python.failure import Failure
 
 from pharos.config import Key
 from pharos.proxy.auth import digest
-from tests.clients.recorded_engine import start_recorded_llamacpp
-from tests.clients.sink import Recorder, save
-from tests.component.cdp import Pipe
-from tests.component.fleet import start_fleet
+from tests.support.cdp import Pipe
+from tests.support.fleet import start_fleet
+from tests.support.recorded_engine import start_recorded_llamacpp
+from tests.support.sink import Recorder, save
 
 SECRET = "phk-client-capture"
 HOW = "python -m tests.clients.record_openwebui VENV (by hand)"

@@ -18,8 +18,8 @@ from twisted.web.http_headers import Headers
 from pharos.config import Key, load_config
 from pharos.proxy.auth import digest
 from pharos.tap import PharosService, public_site
-from tests.component.capture_server import close, serve
-from tests.component.fleet import Fleet, start_fleet
+from tests.support.capture_server import close, serve
+from tests.support.fleet import Fleet, start_fleet
 
 ADMIN, USER = "phk-admin-key", "phk-user-key"
 KEYS = (Key(name="ops", sha256=digest(ADMIN), admin=True),

@@ -15,9 +15,9 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
-from tests.component.capture_server import CaptureResource, close, serve
-from tests.component.fleet import sleep, start_fleet
-from tests.replay.captures import all_captures, capture_id
+from tests.support.capture_server import CaptureResource, close, serve
+from tests.support.captures import all_captures, capture_id
+from tests.support.fleet import sleep, start_fleet
 
 TOTAL = int(__import__('os').environ.get('FLOOD_MB', '100')) * 1024 * 1024
 EVENT = b"data: " + b"x" * (64 * 1024 - 8) + b"\n\n"

@@ -16,7 +16,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from zope.interface import implementer
 
 from pharos.config import Timeouts
-from tests.component.fleet import Fleet, start_fleet
+from tests.support.fleet import Fleet, start_fleet
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from pharos.bench.openloop import OpenLoop, new_pool
 from pharos.bench.records import REFUSED
 from pharos.bench.restarts import HealthWatch
 from pharos.sim.double import start_double
-from tests.component.capture_server import close, serve
-from tests.component.test_bench_run import _until, scheduled
+from tests.support.bench import _until, scheduled
+from tests.support.capture_server import close, serve
 
 
 class Health(Resource):

@@ -19,8 +19,8 @@ from pharos.bench.openloop import OpenLoop
 from pharos.bench.records import REFUSED, TIMEOUT
 from pharos.bench.summary import summarize
 from pharos.sim.double import start_double
-from pharos.sim.workloads import Request as Scheduled
-from tests.component.capture_server import close, serve
+from tests.support.bench import _until, scheduled
+from tests.support.capture_server import close, serve
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                      "finish_reason": None}]}
@@ -80,10 +80,6 @@ class Parking(Resource):
         r.write(event(TOKEN) + event(TOKEN) + event(TOKEN) + event(FINISH) + event(USAGE)
                 + event(b"[DONE]"))
         r.finish()
-
-
-def scheduled(at: float, model: str = "tiny") -> Scheduled:
-    return Scheduled(at, model, ({"role": "user", "content": "hello"},), 3)
 
 
 @pytest_twisted.ensureDeferred
@@ -191,12 +187,3 @@ async def test_reads_each_engine_doubles_stream(kind: str) -> None:
         assert all(r.cached_tokens is None for r in records)
 
 
-async def _until(predicate: Any) -> None:
-    """Wait, on the real reactor, until ``predicate()`` holds (a few seconds at most)."""
-    from twisted.internet.task import deferLater
-
-    for _ in range(500):
-        if predicate():
-            return
-        await deferLater(reactor, 0.01, lambda: None)
-    raise AssertionError("condition not reached")

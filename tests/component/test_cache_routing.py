@@ -12,7 +12,7 @@ import pytest_twisted
 import treq
 from twisted.web.http_headers import Headers
 
-from tests.component.fleet import Fleet, eventually, start_fleet
+from tests.support.fleet import Fleet, eventually, start_fleet
 
 SYSTEM = "Answer as a ship's pilot would, briefly and exactly. " * 60  # ~3.2 kB
 

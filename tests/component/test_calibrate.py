@@ -19,8 +19,8 @@ from pharos.calibrate import CalibrationError, Calibrator, engine_for, fragment,
 from pharos.config import parse_config
 from pharos.engine.fetch import HTTPFetcher, make_client
 from pharos.sim.double import start_double
-from tests.component.capture_server import close
-from tests.component.fleet import within
+from tests.support.capture_server import close
+from tests.support.fleet import within
 
 #: Short probes: the doubles compute them in real time.
 CACHED = (0, 512, 1536)

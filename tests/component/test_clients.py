@@ -24,9 +24,10 @@ import openai
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.clients.recorded_engine import start_recorded_llamacpp
-from tests.clients.sink import Call, Recorder, compare
-from tests.component.fleet import start_fleet
+from tests.support.clients import CLIENTS, SECRET, claude_code, node_version
+from tests.support.fleet import start_fleet
+from tests.support.recorded_engine import start_recorded_llamacpp
+from tests.support.sink import Call, Recorder, compare
 
 LLAMA = "llama3.2:3b"
 
@@ -192,17 +193,8 @@ async def test_ollama_client_with_keys() -> None:
 #: An Ollama-like double holding LLAMA, and llama.cpp's recorded replies as "tiny" (the doubles
 #: serve no /v1/messages or /v1/responses; recorded_engine.py does).
 ENGINES: Any = [("ollama", {"loaded": [LLAMA]}, {"kind": "ollama"})]
-SECRET = "phk-client-capture"
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 NODE = shutil.which("node")
 HOW = "tests/component/test_clients.py with PHAROS_RECORD_CLIENTS=1"
-
-
-def node_version(package: str) -> str:
-    """The installed version of a pinned npm package (``make install`` runs npm ci)."""
-    manifest = CLIENTS / "node_modules" / package / "package.json"
-    assert manifest.is_file(), f"{package} is not installed under tests/clients: make install"
-    return str(json.loads(manifest.read_text())["version"])
 
 
 async def recorded(run: Callable[[str], Any], client: str, version: str,
@@ -437,28 +429,6 @@ async def test_anthropic_python_capture() -> None:
 #: What Claude Code fills in from the machine: its device id, the kernel in its system prompt.
 CLAUDE_SCRUB = ((re.compile(r"\b[0-9a-f]{64}\b"), "<DEVICE-ID>"),
                 (re.compile(r"OS Version: [^\\\n\"]*"), "OS Version: <OS>"))
-
-
-def claude_code(prompt: str, workdir: Path, model: str = "tiny") -> Callable[[str], Any]:
-    """A runner for ``claude -p PROMPT`` (npm @anthropic-ai/claude-code) with
-    ANTHROPIC_BASE_URL at Pharos, the key in ANTHROPIC_API_KEY, every model named ``model``,
-    no traffic but to Pharos, a fresh HOME: (exit code, stdout, stderr)."""
-    exe = CLIENTS / "node_modules" / ".bin" / "claude"
-    node_version("@anthropic-ai/claude-code")
-
-    def run(url: str) -> tuple[int, str, str]:
-        (workdir / "home").mkdir(exist_ok=True)
-        (workdir / "cwd").mkdir(exist_ok=True)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir / "home"), "SHELL": "/bin/bash",
-               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": SECRET,
-               "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
-               "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-               "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
-        r = subprocess.run([str(exe), "-p", prompt], capture_output=True, text=True, env=env,
-                           timeout=300, cwd=workdir / "cwd", stdin=subprocess.DEVNULL)
-        return r.returncode, r.stdout, r.stderr
-    return run
 
 
 @pytest_twisted.ensureDeferred

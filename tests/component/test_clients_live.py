@@ -21,10 +21,10 @@ from twisted.internet.threads import deferToThread
 from pharos.config import Key
 from pharos.proxy.auth import digest
 from pharos.proxy.done import Done
-from tests.component.fleet import start_fleet
-from tests.component.test_clients import CLIENTS, SECRET, claude_code, node_version
-from tests.live.conftest import ensure_installed
 from tests.live.engines import engines
+from tests.support.clients import CLIENTS, SECRET, claude_code, node_version
+from tests.support.fleet import start_fleet
+from tests.support.live import ensure_installed
 
 pytestmark = pytest.mark.live
 

@@ -23,9 +23,9 @@ from pharos.prefix import BYTES_PER_TOKEN
 from pharos.proxy.auth import digest
 from pharos.proxy.done import Done
 from pharos.proxy.parse import parse
-from tests.clients.recorded_engine import start_recorded_llamacpp
-from tests.clients.sink import KEY, OTHER_KEY, Call, all_captures, load
-from tests.component.fleet import start_fleet
+from tests.support.fleet import start_fleet
+from tests.support.recorded_engine import start_recorded_llamacpp
+from tests.support.sink import KEY, OTHER_KEY, Call, all_captures, load
 
 LLAMA = "llama3.2:3b"
 SECRET = "phk-client-replay"
@@ -183,7 +183,7 @@ def test_a_client_that_sends_something_else_fails_with_the_diff(
     monkeypatch.delenv("PHAROS_RECORD_CLIENTS", raising=False)
     from dataclasses import replace
 
-    from tests.clients.sink import compare, versions
+    from tests.support.sink import compare, versions
 
     (version,) = versions("openai-python")
     calls = load("openai-python", version)

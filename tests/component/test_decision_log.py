@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest_twisted
 
 from pharos.config import DecisionLogConfig, Observability
-from tests.component.fleet import eventually, start_fleet
+from tests.support.fleet import eventually, start_fleet
 
 MARKER = "zebra-quartz-marker"
 

@@ -14,7 +14,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import utils
 
-from tests.component.fake_docker import FakeContainer, FakeDocker
+from tests.support.fake_docker import FakeContainer, FakeDocker
 
 DOCKER = shutil.which("docker")
 pytestmark = pytest.mark.skipif(DOCKER is None, reason="the docker CLI is not installed")

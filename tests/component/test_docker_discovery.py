@@ -4,7 +4,7 @@ container drains and one that comes back gets its state back; container log feed
 framings; a socket that is absent, answers garbage, closes mid-stream, or lists 1,000
 containers; labels that make no backend are logged once and the rest keeps working.
 
-The fake (tests/component/fake_docker.py) serves bodies cloned from fixtures/docker/1.50.
+The fake (tests/support/fake_docker.py) serves bodies cloned from fixtures/docker/1.50.
 Discovery's backoff runs on a ``Clock`` the test advances; the I/O runs on the reactor.
 """
 
@@ -30,15 +30,15 @@ from zope.interface import implementer
 
 from pharos.config import Backend, Config, Listen, LogFeed
 from pharos.discovery.docker import DockerAPI, DockerDiscovery, DockerLogFeed
-from pharos.discovery.feed import feed_for
+from pharos.discovery.logfile import feed_for
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import Fetcher
 from pharos.sim.double import start_double
 from pharos.state.state import State
 from pharos.tap import PharosService, public_site
-from tests.component.capture_server import serve
-from tests.component.fake_docker import FakeDocker
-from tests.component.fleet import FAST, Fleet, eventually, sleep, within
+from tests.support.capture_server import serve
+from tests.support.fake_docker import FakeDocker
+from tests.support.fleet import FAST, Fleet, eventually, sleep, within
 
 ENABLED = {"pharos.enable": "true"}
 

@@ -11,8 +11,8 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.component.capture_server import CaptureResource, close, serve
-from tests.replay.captures import all_captures, capture_id
+from tests.support.capture_server import CaptureResource, close, serve
+from tests.support.captures import all_captures, capture_id
 
 PHAROS = str(Path(sys.executable).parent / "pharos")
 OLLAMA = next(c for c in all_captures() if capture_id(c) == "ollama/0.32.15/loaded")

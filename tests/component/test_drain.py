@@ -8,9 +8,7 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.component.test_twistd import TWISTD, free_port, wait_healthy
+from tests.support.drain import PHAROS, until
+from tests.support.twistd import TWISTD, free_port, wait_healthy
 
-PHAROS = str(Path(sys.executable).parent / "pharos")
 SYSTEM = "You are a careful assistant. " * 40  # a prefix long enough to predict tokens from
 
 
@@ -120,17 +118,6 @@ class Stream(threading.Thread):
             self.error = e
         finally:
             self.started.set()
-
-
-def until(check: Any, timeout: float = 30.0) -> Any:
-    """Poll ``check`` every 50 ms until it returns something true; that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def refused(port: int) -> bool:

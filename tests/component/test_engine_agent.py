@@ -16,7 +16,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from pharos.proxy.relay import collect, send
-from tests.component.capture_server import close, serve
+from tests.support.capture_server import close, serve
 
 
 class Engine(Resource):

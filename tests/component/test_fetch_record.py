@@ -17,8 +17,8 @@ from pharos.engine.library import VLLM
 from pharos.engine.plan import resolve
 from pharos.engine.record import record
 from pharos.engine.signals import Signal
-from tests.component.capture_server import CaptureResource, close, serve
-from tests.replay.captures import all_captures, capture_id
+from tests.support.capture_server import CaptureResource, close, serve
+from tests.support.captures import all_captures, capture_id
 
 SGLANG_BUSY = next(c for c in all_captures() if capture_id(c) == "sglang/0.5.23/busy")
 

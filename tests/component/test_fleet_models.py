@@ -19,7 +19,7 @@ from pharos.cli import main as cli_main
 from pharos.config import Observability, Routing
 from pharos.models import ModelSpec
 from pharos.shadow import main_replay, replay
-from tests.component.fleet import Fleet, eventually, sleep, start_fleet
+from tests.support.fleet import Fleet, eventually, sleep, start_fleet
 
 VLLM_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 CPP_NAME = "llama3.1-8b-q4"

@@ -17,7 +17,7 @@ from twisted.internet.task import deferLater
 
 from pharos import journal as journal_module
 from pharos.journal import Journal
-from tests.component.fleet import eventually
+from tests.support.fleet import eventually
 
 
 @pytest_twisted.ensureDeferred

@@ -18,7 +18,7 @@ from twisted.web.http_headers import Headers
 
 from pharos.config import Key, Tenant, Usage
 from pharos.proxy.auth import digest
-from tests.component.fleet import Fleet, eventually, start_fleet, within
+from tests.support.fleet import Fleet, eventually, start_fleet, within
 
 ADMIN, ALICE, BOB, CAROL = "phk-admin", "phk-alice", "phk-bob", "phk-carol"
 KEYS = (

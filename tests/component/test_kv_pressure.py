@@ -13,7 +13,7 @@ import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 
-from tests.component.fleet import Fleet, eventually, start_fleet, within
+from tests.support.fleet import Fleet, eventually, start_fleet, within
 
 #: Eight system prompts of 2,000 characters (~500 tokens); each pool holds ~2,400 tokens.
 SYSTEMS = [" ".join(f"rule{n}-{i} keep the light burning" for i in range(60))[:2000]

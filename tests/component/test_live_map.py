@@ -15,8 +15,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
-from tests.component.fleet import eventually, sleep
-from tests.component.test_status_page import ADMIN, EVIL, MARKER, PagesRig, start_pages
+from tests.support.fleet import eventually, sleep
+from tests.support.pages import ADMIN, EVIL, MARKER, PagesRig, start_pages
 
 
 class RawReader(Protocol):

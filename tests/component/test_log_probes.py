@@ -17,7 +17,7 @@ from twisted.python.logfile import LogFile
 
 from pharos.config import LogFeed, parse_config
 from pharos.sim.double import EngineDouble
-from tests.component.fleet import Fleet, eventually, start_fleet
+from tests.support.fleet import Fleet, eventually, start_fleet
 
 PHAROS = str(Path(sys.executable).parent / "pharos")
 #: Generous: the file is polled once a second and a lost feed is retried after 1 s, 2 s, ...

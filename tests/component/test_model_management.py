@@ -24,8 +24,8 @@ from twisted.web.http_headers import Headers
 
 from pharos.config import Key
 from pharos.proxy.auth import digest
-from tests.component.blob_upload import digest_of, upload
-from tests.component.fleet import Fleet, eventually, sleep, start_fleet, within
+from tests.support.blob_upload import digest_of, upload
+from tests.support.fleet import Fleet, eventually, sleep, start_fleet, within
 
 ADMIN, USER = "phk-admin-mm", "phk-user-mm"
 KEYS = (Key(name="ops", sha256=digest(ADMIN), admin=True),

@@ -20,7 +20,7 @@ from pharos.config import DecisionLogConfig, Key, Observability, Routing, Usage
 from pharos.obs.reqlog import RequestLog
 from pharos.proxy.auth import digest
 from pharos.proxy.done import DECISIONS, Done
-from tests.component.fleet import Fleet, eventually, start_fleet, within
+from tests.support.fleet import Fleet, eventually, start_fleet, within
 
 ADMIN, ALICE = "phk-admin", "phk-alice"
 KEYS = (Key(name="ops", sha256=digest(ADMIN), admin=True),

@@ -19,9 +19,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 from twisted.internet.utils import getProcessOutputAndValue
 
-from tests.component.cdp import Pipe
-from tests.component.fleet import sleep
-from tests.component.test_status_page import MARKER, start_pages
+from tests.support.cdp import Pipe
+from tests.support.fleet import sleep
+from tests.support.pages import MARKER, start_pages
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None,

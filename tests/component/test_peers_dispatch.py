@@ -19,7 +19,7 @@ from pharos.peer.wire import decode
 from pharos.prefix import BYTES_PER_TOKEN, chain
 from pharos.sched import Lease, SchedRequest
 from pharos.state.stats import Sample
-from tests.component.peer_mesh import Instance, MemoryNetwork, instance, stop, vllm
+from tests.support.peer_mesh import Instance, MemoryNetwork, instance, stop, vllm
 
 MEMBERS = ["a:1", "b:1", "c:1"]
 URLS = ["http://e0:1", "http://e1:1"]

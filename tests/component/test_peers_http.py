@@ -28,7 +28,7 @@ from pharos.policy import PolicyConfig
 from pharos.sched import Scheduler
 from pharos.state.state import State
 from pharos.usage import Ledger, Reservation
-from tests.component.capture_server import close, serve
+from tests.support.capture_server import close, serve
 
 reactor: Any = _reactor
 SECRET = b"peer-secret-1"

@@ -17,7 +17,7 @@ from pharos.peer.wire import decode
 from pharos.prefix import PrefixOp
 from pharos.sched import PEER_SILENCE_SEC, Lease, SchedRequest
 from pharos.usage import Refusal, Reservation
-from tests.component.peer_mesh import Instance, MemoryNetwork, instance, llamacpp, stop
+from tests.support.peer_mesh import Instance, MemoryNetwork, instance, llamacpp, stop
 
 MEMBERS = ["a:1", "b:1"]
 URL = "http://engine:1"

@@ -20,13 +20,7 @@ from pharos.prefix import EMPTY, Chain, PrefixOp
 from pharos.sched import Lease, SchedRequest
 from pharos.state.stats import Sample
 from pharos.usage import Refusal, Reservation
-from tests.component.peer_mesh import (
-    Instance,
-    MemoryNetwork,
-    instance,
-    llamacpp,
-    stop,
-)
+from tests.support.peer_mesh import Instance, MemoryNetwork, instance, llamacpp, stop
 
 MEMBERS = ["a:1", "b:1", "c:1"]
 URL = "http://engine:1"

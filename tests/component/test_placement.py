@@ -18,7 +18,7 @@ from twisted.internet.defer import ensureDeferred, gatherResults
 from pharos.engine.signals import Residency
 from pharos.sim.double import EngineDouble
 from pharos.sim.slots import SlotModel
-from tests.component.fleet import Fleet, eventually, start_fleet, within
+from tests.support.fleet import Fleet, eventually, start_fleet, within
 
 GB = 1_000_000_000
 TAILS = ("t1", "t2", "t3", "t4", "t5")

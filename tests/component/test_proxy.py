@@ -17,9 +17,9 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseNeverReceived
 from twisted.web.server import Request
 
-from tests.component.capture_server import CaptureResource, close, serve
-from tests.component.fleet import eventually, sleep, start_fleet
-from tests.replay.captures import all_captures, capture_id
+from tests.support.capture_server import CaptureResource, close, serve
+from tests.support.captures import all_captures, capture_id
+from tests.support.fleet import eventually, sleep, start_fleet
 
 QWEN, LLAMA = "qwen3:8b", "llama3.2:3b"
 

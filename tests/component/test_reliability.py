@@ -19,9 +19,9 @@ from twisted.internet.threads import deferToThread
 from twisted.web.server import NOT_DONE_YET
 
 from pharos.config import Timeouts
-from tests.component.capture_server import CaptureResource, close, serve
-from tests.component.fleet import Fleet, eventually, sleep, start_fleet, within
-from tests.replay.captures import all_captures, capture_id
+from tests.support.capture_server import CaptureResource, close, serve
+from tests.support.captures import all_captures, capture_id
+from tests.support.fleet import Fleet, eventually, sleep, start_fleet, within
 
 BODY = json.dumps({"model": "tiny", "stream": True, "max_tokens": 200,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -32,9 +32,9 @@ from pharos.config import load_config
 from pharos.proxy.auth import digest
 from pharos.sim.double import EngineDouble, start_double
 from pharos.tap import PharosService, public_site
-from tests.component.capture_server import close, serve
-from tests.component.fleet import FAST, eventually, within
-from tests.component.test_twistd import TWISTD, free_port, wait_healthy
+from tests.support.capture_server import close, serve
+from tests.support.fleet import FAST, eventually, within
+from tests.support.twistd import TWISTD, free_port, wait_healthy
 
 ADMIN, ALICE, DAVE = "phk-admin", "phk-alice", "phk-dave"
 LLAMA = "llama3.2:3b"

@@ -20,8 +20,8 @@ from zope.interface import implementer
 
 from pharos.config import Key, Responses, Tenant
 from pharos.proxy.auth import digest
-from tests.component.fleet import Fleet, sleep, start_fleet
-from tests.component.responses_engine import ResponsesEngine, start_responses_engine
+from tests.support.fleet import Fleet, sleep, start_fleet
+from tests.support.responses_engine import ResponsesEngine, start_responses_engine
 
 KEY_A = "phk-tenant-a"
 KEY_A2 = "phk-tenant-a-second"

@@ -27,8 +27,8 @@ from typing import BinaryIO
 
 import pytest
 
-from tests.component.test_drain import PHAROS, until
-from tests.component.test_twistd import TWISTD, free_port
+from tests.support.drain import PHAROS, until
+from tests.support.twistd import TWISTD, free_port
 
 MODEL = "tiny"
 KEYS = {"alice": "sk-alice-rolling", "bob": "sk-bob-rolling"}

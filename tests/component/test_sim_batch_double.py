@@ -15,8 +15,8 @@ from pharos.engine.plan import resolve
 from pharos.engine.probes import prom_samples
 from pharos.sim.batch import BatchModel
 from pharos.sim.wire import split_events
-from tests.component.test_sim_doubles import Rig, chat, started
-from tests.sim_helpers import run
+from tests.support.doubles import Rig, chat, started
+from tests.support.sim import run
 
 
 def text(n_tokens: int, seed: str) -> str:

@@ -19,8 +19,8 @@ from pharos.engine.plan import resolve
 from pharos.engine.signals import Residency
 from pharos.sim.double import EngineDouble, pinned_capture
 from pharos.sim.wire import shape_of
-from tests.component.fleet import start_fleet, within
-from tests.component.test_sim_doubles import Rig, plan_outline
+from tests.support.doubles import Rig, plan_outline
+from tests.support.fleet import start_fleet, within
 
 MODELS = ("gemma-3-12b", "qwen2.5-coder-7b", "qwen3-8b")
 

@@ -25,7 +25,7 @@ from pharos.sim.model import (
 )
 from pharos.sim.prompt import BLOCK_TOKENS, chain_blocks, count_tokens
 from pharos.sim.slots import SlotModel
-from tests.sim_helpers import Listener, prompt, run
+from tests.support.sim import Listener, prompt, run
 
 GB = 10**9
 FAST = Knobs(prefill_s=0.001, decode_s=0.01, load_s=2.0, max_output_tokens=5,

@@ -21,7 +21,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from zope.interface import implementer
 
 from pharos.config import Timeouts
-from tests.component.fleet import Fleet, sleep, start_fleet
+from tests.support.fleet import Fleet, sleep, start_fleet
 
 #: Connections per test.
 N = 200

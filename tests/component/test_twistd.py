@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,28 +14,9 @@ from pathlib import Path
 
 import pytest
 
-BIN = Path(sys.executable).parent
-TWISTD = str(BIN / "twistd")
+from tests.support.twistd import BIN, TWISTD, free_port, wait_healthy
+
 PHAROS = str(BIN / "pharos")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_healthy(port: int, timeout: float = 15.0) -> int:
-    """Poll /healthz until it answers; return its status."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                return int(r.status)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from pharos.engine.fetch import make_client
 from pharos.proxy.unload import UNLOAD_TIMEOUT_SEC, unload
-from tests.component.capture_server import close, serve
-from tests.component.fleet import within
+from tests.support.capture_server import close, serve
+from tests.support.fleet import within
 
 #: ``/api/ps`` of a host that loaded ``b`` for good (``keep_alive: -1``) and ``a`` for 5 min.
 PS_PINNED = (b'{"models":[{"name":"b","model":"b","expires_at":"2318-03-18T02:43:13.88-07:00"},'

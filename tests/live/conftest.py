@@ -6,16 +6,13 @@ that cannot be installed is a failure, never a silent skip.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.live.engines import engines
-
-HERE = Path(__file__).resolve().parent
+from tests.support.live import HERE, ensure_installed
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -23,19 +20,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.live)
-
-
-def ensure_installed(what: str) -> None:
-    """Run setup.sh for one engine when it is missing (idempotent, cached outside the clone)."""
-    if os.environ.get("PHAROS_LIVE") == "0":
-        pytest.skip("PHAROS_LIVE=0: live engine tests not requested")
-    ready = engines.llamacpp_available() if what == "llamacpp" else engines.vllm_available()
-    if ready:
-        return
-    r = subprocess.run(["bash", str(HERE / "engines" / "setup.sh"), what],
-                       capture_output=True, text=True, timeout=45 * 60)
-    if r.returncode != 0:
-        pytest.fail(f"setup.sh {what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")

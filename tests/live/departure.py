@@ -6,10 +6,10 @@ from typing import Any
 
 from twisted.internet.threads import deferToThread
 
-from tests.component.fleet import eventually
 from tests.live.engines import engines
 from tests.live.load import start_streams, stop_all, wait_started
 from tests.live.routing import front
+from tests.support.fleet import eventually
 
 
 async def client_leaves_mid_stream(eng: engines.RunningEngine, kind: str, body: dict[str, Any],

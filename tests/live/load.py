@@ -128,7 +128,7 @@ class BlockingFetcher:
 def read(url: str) -> dict[str, Any]:
     """What Pharos's resolve (kind detected) reads from the engine now, as doctor's JSON."""
     from pharos.engine.doctor import examine
-    from tests.unit.test_plan import run
+    from tests.support.plan import run
 
     doc: dict[str, Any] = run(examine(url, BlockingFetcher(url), "auto")).as_json()
     return doc

@@ -16,8 +16,8 @@ from twisted.web.http_headers import Headers
 from pharos.config import Backend, Config, Listen
 from pharos.sched import Scheduler
 from pharos.tap import PharosService, public_site
-from tests.component.capture_server import close, serve
-from tests.component.fleet import eventually
+from tests.support.capture_server import close, serve
+from tests.support.fleet import eventually
 
 
 @dataclass

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.live.engines import engines
-from tests.live.test_live_llamacpp import wait_idle
+from tests.support.live import wait_idle
 
 #: Where the last fit is written, for the issue note and anyone curious.
 REPORT = Path(__file__).resolve().parents[2] / "build" / "calibrate-llamacpp.json"

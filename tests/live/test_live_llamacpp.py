@@ -6,7 +6,6 @@ import time
 
 import pytest_twisted
 
-from tests.live.conftest import ensure_installed
 from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
@@ -18,17 +17,10 @@ from tests.live.load import (
     wait_started,
 )
 from tests.live.routing import front
+from tests.support.live import ensure_installed, wait_idle
 
 SLOW = {"model": "tiny", "messages": [{"role": "user", "content": "Tell a long story."}],
         "max_tokens": engines.LLAMA_SLOW_MAX_TOKENS, **engines.RUN_TO_MAX_TOKENS}
-
-
-def wait_idle(eng: engines.RunningEngine, timeout: float = 60.0) -> None:
-    """Wait until the engine has no request running (after streams were cancelled)."""
-    deadline = time.monotonic() + timeout
-    while engines.get_metrics(eng.url).get("llamacpp:requests_processing", 0) != 0:
-        assert time.monotonic() < deadline, "engine did not go idle"
-        time.sleep(0.2)
 
 
 def test_detects_llamacpp_and_reads_idle_signals(llamacpp: engines.RunningEngine) -> None:

@@ -18,9 +18,9 @@ from twisted.internet.threads import deferToThread
 
 from pharos.config import Key, Responses
 from pharos.proxy.auth import digest
-from tests.component.fleet import start_fleet
-from tests.live.conftest import ensure_installed
 from tests.live.engines import engines
+from tests.support.fleet import start_fleet
+from tests.support.live import ensure_installed
 
 pytestmark = pytest.mark.live
 

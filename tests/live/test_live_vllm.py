@@ -8,7 +8,6 @@ import time
 import pytest_twisted
 
 from pharos.state.state import LOAD_INTERVAL
-from tests.component.fleet import eventually
 from tests.live.departure import client_leaves_mid_stream
 from tests.live.engines import engines
 from tests.live.load import (
@@ -19,6 +18,7 @@ from tests.live.load import (
     wait_started,
 )
 from tests.live.routing import front
+from tests.support.fleet import eventually
 
 # As long as the context allows (about 7 s for 8 streams on 2 cores): the read through a
 # doctor process must fall inside the first batch.

@@ -9,7 +9,7 @@ from pathlib import Path
 from twisted.internet.task import Clock
 
 from pharos.peer.wire import decode
-from tests.component.peer_mesh import MemoryNetwork, instance, llamacpp, stop
+from tests.support.peer_mesh import MemoryNetwork, instance, llamacpp, stop
 
 SAMPLES = Path(__file__).parent / "peer"
 #: When proto 1's delta sample was recorded (its cells' minute and day are current then).
@@ -43,7 +43,7 @@ def test_proto1_delta_with_dispatches_decodes_and_merges() -> None:
     current instance: the root is noted as sent to that engine, the prompt is predicted
     there as a peer slot, and the retention is taken. No prompt text: hashes only."""
     from pharos.config import Backend as BackendSpec
-    from tests.component.peer_mesh import vllm
+    from tests.support.peer_mesh import vllm
 
     raw = (SAMPLES / "proto1" / "delta-dispatch.json").read_bytes()
     delta = decode(raw)

@@ -7,7 +7,7 @@ import pytest
 
 from pharos.engine.capture import Capture
 from pharos.engine.probes import ProbeError, prom_samples, prom_series
-from tests.replay.captures import all_captures, capture_id
+from tests.support.captures import all_captures, capture_id
 
 PAGES = [(c, path) for c in all_captures() for path, rec in c.paths.items()
          if "metrics" in path and rec.status == 200 and rec.body]

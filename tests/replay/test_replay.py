@@ -21,8 +21,8 @@ from pharos.engine.library import LIBRARY
 from pharos.engine.plan import DetectionFailed, detect_kind, resolve, run_probe
 from pharos.engine.probes import Probe
 from pharos.engine.signals import Residency, Signal
-from tests.replay.captures import KIND_OF_ENGINE, MISSING, all_captures, capture_id, lookup
-from tests.unit.test_plan import run
+from tests.support.captures import KIND_OF_ENGINE, MISSING, all_captures, capture_id, lookup
+from tests.support.plan import run
 
 L, C, G = "loaded", "cold", "loading"
 OLLAMA_SIZES = {"qwen3:8b": 5225388164, "llama3.2:3b": 2019393189,
@@ -252,7 +252,7 @@ def test_support_md_is_current() -> None:
     """SUPPORT.md is what the captures and the live tests prove today."""
     from pathlib import Path
 
-    from tests.replay.support import render
+    from tests.support.replay import render
 
     path = Path(__file__).resolve().parents[2] / "SUPPORT.md"
     assert path.read_text() == render(), "run: python -m tests.replay.support > SUPPORT.md"

@@ -17,7 +17,7 @@ import pytest
 
 from pharos.engine.capture import Capture, RecordedReply
 from pharos.proxy.tap import StreamTap
-from tests.replay.captures import all_captures, capture_id
+from tests.support.captures import all_captures, capture_id
 
 Row = tuple[int | None, int | None, int | None, float | None, float | None] | None
 

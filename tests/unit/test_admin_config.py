@@ -20,7 +20,7 @@ from pharos.proxy.admin import (
     to_document,
 )
 from pharos.proxy.errors import ApiError
-from tests.unit.test_readme_config import config_examples
+from tests.support.readme import config_examples
 
 HASH_A = "a" * 64
 HASH_B = "b" * 64

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from twisted.internet.testing import MemoryReactorClock
 
 from pharos.bench.compare import main_compare
 from pharos.bench.fleet import FleetSpec, PeerSetup, instance_name, pharos_config
@@ -133,6 +134,6 @@ def test_compare_refuses_instance_options_that_cannot_work(
     argv = ["--workload", "w1", "--rate", "1", "--duration", "5", "--out", str(tmp_path),
             "--policies", "cost", *extra]
     with pytest.raises(SystemExit) as e:
-        main_compare(argv, reactor=None)
+        main_compare(argv, reactor=MemoryReactorClock())
     assert e.value.code == 2
     assert message in capsys.readouterr().err

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 
 from pharos.bench.compare import Comparison, parser
 from pharos.bench.fleet import FleetSpec
@@ -28,7 +29,7 @@ def compare_args(out: Path, *extra: str) -> list[str]:
 def runs_started(argv: list[str]) -> list[Path]:
     """The result paths of the runs ``compare`` starts for ``argv``; each "run" only writes the
     result file a real run would (its spec as ``Comparison._one`` stores it), starting nothing."""
-    comparison = Comparison(None, parser().parse_args(argv))
+    comparison = Comparison(Clock(), parser().parse_args(argv))
     started: list[Path] = []
 
     async def one(spec: RunSpec, fleet: FleetSpec, requests: list[Any], senders: Any,

@@ -16,14 +16,12 @@ from pharos.policy import (
     deciding_term,
     pick,
 )
-from pharos.prefix import chain
-from pharos.sched import Lease, SchedRequest, Scheduler
+from pharos.sched import Scheduler
 from pharos.state.state import State
 from pharos.state.stats import Sample
-from tests.unit.test_plan import FakeBackend
-from tests.unit.test_sched import fleet, granted, llamacpp
-
-SYSTEM = "You are a careful assistant. " * 400  # ~11 kB: ~2,800 estimated tokens
+from tests.support.cache_routing import SYSTEM, chat, ok
+from tests.support.plan import FakeBackend
+from tests.support.sched import fleet, granted, llamacpp
 
 
 def three(slots: int = 4) -> tuple[Scheduler, State]:
@@ -33,19 +31,6 @@ def three(slots: int = 4) -> tuple[Scheduler, State]:
         for h in "abc"
     })
     return sched, state
-
-
-def chat(question: str, system: str = SYSTEM, seed: int = 1, session: int | None = None
-         ) -> SchedRequest:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    ch = chain("m", messages, None, None)
-    tokens = (len(system) + len(question)) // 4
-    return SchedRequest("m", tokens, seed, chain=ch, session=session)
-
-
-def ok(lease: Lease, cached: int | None, prompt: int = 100) -> None:
-    lease.release(Sample(ok=True, dispatched_cold=False, ttft_sec=0.1, duration_sec=1.0,
-                         prompt_tokens=prompt, cached_tokens=cached))
 
 
 def test_a_recorded_prefix_wins_the_next_request() -> None:

@@ -19,25 +19,11 @@ from pharos.sched import (
     Scheduler,
 )
 from pharos.state.registry import BackendState, Target
-from tests.unit.test_plan import FakeBackend
-from tests.unit.test_sched import fleet, req
+from tests.support.capacity import report, vllm
+from tests.support.plan import FakeBackend
+from tests.support.sched import fleet, req
 
 URL = "http://v"
-
-
-def vllm() -> FakeBackend:
-    return FakeBackend({
-        "/version": (200, b'{"version":"0.32.0"}'),
-        "/v1/models": (200, b'{"object":"list","data":[{"id":"m"}]}'),
-        "/metrics": (200, b""),
-    })
-
-
-def report(engine: FakeBackend, running: object, waiting: object = 0, kv: float = 0.1) -> None:
-    engine.answers["/metrics"] = (200, (
-        f'vllm:num_requests_running{{model_name="m"}} {running}\n'
-        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
-        f'vllm:kv_cache_usage_perc{{model_name="m"}} {kv}\n').encode())
 
 
 def rig(capacity: int | None = None) -> tuple[Scheduler, Clock, FakeBackend, Target]:

@@ -14,9 +14,9 @@ from pharos.policy import Candidate
 from pharos.prefix import Chain, chain
 from pharos.sched import SchedRequest, Scheduler, with_match
 from pharos.state.registry import Target
-from tests.unit.test_capacity import report, vllm
-from tests.unit.test_plan import FakeBackend
-from tests.unit.test_sched import fleet, granted
+from tests.support.capacity import report, vllm
+from tests.support.plan import FakeBackend
+from tests.support.sched import fleet, granted
 
 A, B = "http://a", "http://b"
 

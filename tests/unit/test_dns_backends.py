@@ -280,7 +280,7 @@ def test_a_reload_applies_dns_entries_live_named_backends(tmp_path: Any) -> None
     path = tmp_path / "pharos.yaml"
     path.write_text("backends: [{url: 'http://a:1'}]\n")
     applied: list[Any] = []
-    watcher = ConfigWatcher(str(path), load_config(path), applied.append)
+    watcher = ConfigWatcher(str(path), load_config(path), applied.append, Clock())
     path.write_text(f"backends: [{{url: 'http://b:1'}}, {{dns: {NAME}, port: 11434}}]\n")
     result = watcher.reload()
     assert result.applied == ("backends",) and result.restart == ()

@@ -16,8 +16,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from pharos.proxy.done import DECISIONS, Done, Trace, request_id
 from pharos.proxy.errors import ApiError, model_not_allowed, too_large
 from pharos.tap import Options
-from tests.unit.test_exchange import EVENTS, Rig
-from tests.unit.test_state import make, ollama, spec
+from tests.support.exchange import EVENTS, Rig
+from tests.support.state import make, ollama, spec
 
 #: The keys the usage journal wrote before ``Done`` (issue 11 item 5): still written.
 JOURNAL_KEYS = {"time", "key", "tenant", "model", "route", "target", "status", "outcome",

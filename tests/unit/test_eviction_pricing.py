@@ -10,36 +10,11 @@ from dataclasses import replace
 import pytest
 from twisted.internet.task import Clock
 
-from pharos.config import Backend as BackendSpec
 from pharos.policy import Candidate, PolicyConfig, RouteReq, deciding_term, pick
 from pharos.retention import LIVE_SEC
-from pharos.sched import Guards, Lease, SchedRequest, Scheduler
-from pharos.state.state import State
-from tests.unit.test_cache_routing import chat, ok
-from tests.unit.test_sched import fleet, granted, llamacpp
-
-
-def three() -> tuple[Scheduler, State, Clock]:
-    return fleet({f"http://{h}:1": (llamacpp(slots=4), BackendSpec(url=f"http://{h}:1",
-                                                                   kind="llamacpp"))
-                  for h in "abc"})
-
-
-def system(n: int) -> str:
-    return f"System prompt number {n}. " + "Answer with care. " * 120  # ~550 tokens
-
-
-def on(sched: Scheduler, target: int, req: SchedRequest) -> Lease:
-    """Grant ``req`` on ``target`` (the others excluded)."""
-    others = frozenset(t.id for t in sched.state.targets if t.id != target)
-    lease = granted(sched.acquire("k", 1, SchedRequest(
-        req.model, req.prompt_tokens, req.seed, exclude=others, chain=req.chain)))
-    assert lease.target.id == target
-    return lease
-
-
-def root_tokens(n: int) -> int:
-    return chat("q", system=system(n)).chain.ends[0] // 4
+from pharos.sched import Guards, SchedRequest, Scheduler
+from tests.support.cache_routing import chat, ok
+from tests.support.eviction import on, root_tokens, system, three
 
 
 def test_replies_teach_a_targets_retention() -> None:

@@ -8,7 +8,7 @@ import random
 
 from pharos.config import Backend as BackendSpec
 from pharos.sched import Lease
-from tests.unit.test_sched import fleet, llamacpp, req
+from tests.support.sched import fleet, llamacpp, req
 
 SERVICE = 1.6  # seconds each request holds its slot: 16 slots serve 10 requests a second
 

@@ -13,8 +13,8 @@ import pytest
 from pharos.config import Backend as BackendSpec
 from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
 from pharos.sched import SchedRequest
-from tests.unit.test_plan import FakeBackend
-from tests.unit.test_sched import fleet, granted
+from tests.support.plan import FakeBackend
+from tests.support.sched import fleet, granted
 
 BASE = Candidate(target_id=0, warm=True, capacity=64, free_slots=60, queue_ahead=0,
                  kv_usage=0.9, matched_tokens=0, prefill_sec_per_token=0.0001, load_sec=None,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import pharos.prefix
 from pharos import compiled, linkhash
 from pharos.prefix import Chain, chain
-from tests.unit.test_policy_compiled import reference
+from tests.support.policy import reference
 
 SOURCE = Path(compiled.__file__).with_name("linkhash.py")
 ARTIFACT = Path(compiled.artifact(str(SOURCE)))

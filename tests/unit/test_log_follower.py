@@ -21,7 +21,7 @@ from pharos.engine.signals import Load, Residency, Snapshot
 from pharos.state.logs import BACKOFF_MAX, LogFollower, overlay
 from pharos.state.registry import View, with_log
 from pharos.state.state import State
-from tests.unit.test_state import make, ollama
+from tests.support.state import make, ollama
 
 URL = "http://a:1"
 SERVER_CONFIG = (b'time=2026-09-29T10:00:00.000Z level=INFO source=routes.go:1 msg="server '

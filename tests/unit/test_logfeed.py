@@ -19,8 +19,8 @@ from twisted.python.failure import Failure
 from twisted.python.logfile import DailyLogFile, LogFile
 from zope.interface import implementer
 
-from pharos.discovery.feed import MAX_LINE_BYTES, FeedUnavailable, LineSplitter, feed_for
-from pharos.discovery.logfile import CHUNK_BYTES, POLL_INTERVAL, FileFeed, FileGone
+from pharos.discovery.feed import MAX_LINE_BYTES, FeedUnavailable, LineSplitter
+from pharos.discovery.logfile import CHUNK_BYTES, POLL_INTERVAL, FileFeed, FileGone, feed_for
 
 
 class Followed:

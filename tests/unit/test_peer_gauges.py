@@ -14,7 +14,7 @@ from pharos.sched import PEER_SILENCE_SEC, GaugeError, Scheduler
 from pharos.state.state import State
 from pharos.state.stats import Sample
 from pharos.usage import Ledger, Refusal, Reservation
-from tests.unit.test_sched import fleet, granted, llamacpp, req
+from tests.support.sched import fleet, granted, llamacpp, req
 
 
 def one_slot() -> tuple[Scheduler, State, Clock]:

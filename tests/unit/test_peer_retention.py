@@ -9,8 +9,8 @@ from pharos.peer.snapshot import Replicas, build_now, decode, restore
 from pharos.prefix import PrefixOp
 from pharos.sched import SchedRequest, Scheduler
 from pharos.usage import Ledger
-from tests.unit.test_cache_routing import chat, ok
-from tests.unit.test_eviction_pricing import on, root_tokens, system, three
+from tests.support.cache_routing import chat, ok
+from tests.support.eviction import on, root_tokens, system, three
 
 
 def matched(sched: Scheduler, req: SchedRequest, target: int) -> int:

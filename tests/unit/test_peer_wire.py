@@ -216,7 +216,7 @@ def test_node_follows_dns_membership_every_ten_seconds() -> None:
     from pharos.sched import Scheduler
     from pharos.state.state import State
     from pharos.usage import Ledger
-    from tests.component.peer_mesh import MemoryNetwork
+    from tests.support.peer_mesh import MemoryNetwork
 
     clock = Clock()
     resolver = FakeResolver()

@@ -34,7 +34,7 @@ from pharos.sched import Guards, SchedRequest, Scheduler
 from pharos.state.registry import Target
 from pharos.state.state import State
 from pharos.state.stats import Sample, TargetStats, learn, load_sample
-from tests.unit.test_sched import GB, fleet, granted, ollama, req
+from tests.support.sched import GB, fleet, granted, ollama, req
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

@@ -4,14 +4,11 @@ against an in-memory backend whose every answer the test chooses."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
 import pytest
-from twisted.internet.defer import Deferred, fail, succeed
 
 from pharos.engine import library as lib
-from pharos.engine.fetch import Fetched, FetchError
+from pharos.engine.fetch import FetchError
 from pharos.engine.plan import (
     BackendUnreachable,
     DetectionFailed,
@@ -21,35 +18,7 @@ from pharos.engine.plan import (
 )
 from pharos.engine.probes import log_line, prom
 from pharos.engine.signals import Load, Signal
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine whose Deferreds have all fired (in-memory fetchers)."""
-    d = Deferred.fromCoroutine(coro)
-    results: list[Any] = []
-    d.addBoth(results.append)
-    assert results, "coroutine did not finish synchronously"
-    if isinstance(results[0], Exception) or hasattr(results[0], "raiseException"):
-        results[0].raiseException()
-    return results[0]
-
-
-class FakeBackend:
-    """Answers chosen per path; everything else is a 404. Counts GETs per path."""
-
-    def __init__(self, answers: dict[str, tuple[int, bytes] | Exception]) -> None:
-        self.answers = answers
-        self.gets: Counter[str] = Counter()
-
-    def fetch(self, path: str) -> Deferred[Fetched]:
-        self.gets[path] += 1
-        a = self.answers.get(path, (404, b"not found"))
-        if isinstance(a, Exception):
-            return fail(a)
-        return succeed(Fetched(a[0], "application/json", a[1]))
-
+from tests.support.plan import FakeBackend, run
 
 LLAMACPP_METRICS = b"""\
 llamacpp:requests_processing 2

@@ -11,9 +11,7 @@ import importlib.machinery
 import importlib.util
 import random
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,20 +20,10 @@ from hypothesis import strategies as st
 
 import pharos
 from pharos import compiled, policy
+from tests.support.policy import reference
 
 SOURCE = Path(compiled.__file__).with_name("policy.py")
 ARTIFACT = Path(compiled.artifact(str(SOURCE)))
-
-
-def reference(source: Path) -> ModuleType:
-    """A compiled module's source interpreted, as a module of its own (``pharos_<stem>_
-    reference``), whatever ``pharos.compiled`` imported under its name."""
-    spec = importlib.util.spec_from_file_location(f"pharos_{source.stem}_reference", source)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
-    spec.loader.exec_module(module)
-    return module
 
 
 REF = reference(SOURCE)

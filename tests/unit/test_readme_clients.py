@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from tests.clients.sink import all_captures, versions
+from tests.support.sink import all_captures, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.rst"

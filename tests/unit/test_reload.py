@@ -30,7 +30,7 @@ from pharos.config import (
 from pharos.engine.signals import Signal
 from pharos.proxy.auth import digest
 from pharos.reload import RELOAD_EVERY, ConfigWatcher, Sighup
-from tests.unit.test_state import make, ollama, spec
+from tests.support.state import make, ollama, spec
 
 A, B = digest("phk-a"), digest("phk-b")
 
@@ -44,9 +44,8 @@ def watcher(tmp_path: Path) -> tuple[ConfigWatcher, Path, list[Config], Clock]:
     path = tmp_path / "pharos.yaml"
     write(path, f"keys: [{{name: a, sha256: {A}}}]\n", 1000)
     applied: list[Config] = []
-    w = ConfigWatcher(str(path), load_config(path), applied.append)
     clock = Clock()
-    w.clock = clock
+    w = ConfigWatcher(str(path), load_config(path), applied.append, clock)
     w.startService()
     return w, path, applied, clock
 

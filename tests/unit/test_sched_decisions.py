@@ -11,7 +11,7 @@ from pharos.config import Backend as BackendSpec
 from pharos.sched import Lease, Placement, SchedRequest, Scheduler
 from pharos.state.registry import Target
 from pharos.state.state import State
-from tests.unit.test_sched import fleet, granted, llamacpp, ollama, req
+from tests.support.sched import fleet, granted, llamacpp, ollama, req
 
 
 def spy(sched: Scheduler) -> list[SchedRequest]:

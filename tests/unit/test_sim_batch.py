@@ -27,7 +27,7 @@ from pharos.sim.model import (
     token_text,
 )
 from pharos.sim.prompt import chain_blocks
-from tests.sim_helpers import Listener, run
+from tests.support.sim import Listener, run
 
 #: The vLLM double's defaults, with a short output cap.
 K = Knobs(**VLLM_KNOBS, max_output_tokens=8)  # type: ignore[arg-type]

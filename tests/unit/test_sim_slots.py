@@ -24,7 +24,7 @@ from pharos.sim.model import (
 )
 from pharos.sim.slots import EVICT_LRU, EVICT_OLLAMA, SlotModel
 from pharos.sim.wire import shape_of
-from tests.sim_helpers import Listener, prompt, run
+from tests.support.sim import Listener, prompt, run
 
 GB = 10**9
 #: Every term of P(u, c) and of the decode step non-zero, so the tests see each one.

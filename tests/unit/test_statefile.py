@@ -14,7 +14,7 @@ from zope.interface import implementer
 
 from pharos.peer import snapshot
 from pharos.peer.statefile import WRITE_EVERY, StateFile, read_snapshot
-from tests.unit.test_snapshot import NOW, clock, filled, replicas
+from tests.support.snapshot import NOW, clock, filled, replicas
 
 
 def run(c: Clock, d: Any) -> Any:

@@ -23,7 +23,7 @@ from pharos.engine.usage import (
     parse_usage,
 )
 from pharos.proxy.tap import MAX_LINE, StreamTap
-from tests.replay.captures import all_captures, capture_id
+from tests.support.captures import all_captures, capture_id
 
 RECORDED: list[tuple[str, bytes]] = [
     (f"{capture_id(c)}/{r.name}", r.body) for c in all_captures() for r in c.replies

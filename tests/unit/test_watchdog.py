@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from pharos.config import Backend as BackendSpec
 from pharos.sched import Scheduler
 from pharos.watchdog import Watchdog
-from tests.unit.test_sched import fleet, granted, llamacpp, req
+from tests.support.sched import fleet, granted, llamacpp, req
 
 
 def _one_slot() -> tuple[Scheduler, Clock]:

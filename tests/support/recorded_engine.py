@@ -14,7 +14,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.server import Request
 
 from pharos.engine.capture import Capture
-from tests.component.capture_server import CaptureResource, serve
+from tests.support.capture_server import CaptureResource, serve
 
 CAPTURE = Path(__file__).resolve().parents[2] / "fixtures" / "llamacpp" / "b11312" / "idle"
 

@@ -13,8 +13,8 @@ from typing import Any
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.server import NOT_DONE_YET, Request
 
-from tests.clients.recorded_engine import RecordedLlamacpp
-from tests.component.capture_server import serve
+from tests.support.capture_server import serve
+from tests.support.recorded_engine import RecordedLlamacpp
 
 RECORDED_IDS = (b"resp_CmuluP1zd0Z3KZjzxCsboRBEtzEz9E4r", b"resp_24Ge5fFyP3NCM47QQ9VYDMGZ18yQECZI")
 

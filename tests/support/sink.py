@@ -29,7 +29,7 @@ from typing import Any
 from twisted.web.resource import IResource, Resource, getChildForRequest
 from twisted.web.server import Request, Site
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "clients"  # the captures beside their recorder
 #: What a capture holds in place of the test's key, and of any other key a client sent.
 KEY = "<KEY>"
 OTHER_KEY = "<OTHER-KEY>"

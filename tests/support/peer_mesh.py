@@ -20,7 +20,7 @@ from pharos.policy import PolicyConfig
 from pharos.sched import Scheduler
 from pharos.state.state import State
 from pharos.usage import Ledger
-from tests.unit.test_plan import FakeBackend
+from tests.support.plan import FakeBackend
 
 FINGERPRINT = "0123456789abcdef"
 

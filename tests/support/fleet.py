@@ -19,7 +19,7 @@ from pharos.config import Backend as BackendSpec
 from pharos.config import Config, Listen, Timeouts
 from pharos.sim.double import EngineDouble, start_double
 from pharos.tap import PharosService, public_site
-from tests.component.capture_server import close, serve
+from tests.support.capture_server import close, serve
 
 #: Fast doubles: tests wait on events, not on the latency model.
 FAST = {"prefill_s": 0.00005, "decode_s": 0.002, "load_s": 0.2}

@@ -11,8 +11,8 @@ from collections import defaultdict
 from pharos.engine.fetch import CaptureFetcher
 from pharos.engine.plan import resolve
 from pharos.engine.signals import Signal
-from tests.replay.captures import KIND_OF_ENGINE, all_captures, capture_id
-from tests.unit.test_plan import run
+from tests.support.captures import KIND_OF_ENGINE, all_captures, capture_id
+from tests.support.plan import run
 
 #: Probes whose value a live test asserts on the engine version (tests/live/test_live_*.py).
 LIVE_PROVEN: dict[tuple[str, str], frozenset[str]] = {
