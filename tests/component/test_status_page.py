@@ -1,7 +1,6 @@
-"""Layer 3: ``/status`` (issue 12 item 2) over loopback, served by the pages' own resource in
-front of the public app (independent of the final wiring): every backend with its plan, the
+"""Layer 3: ``/status`` over loopback, served by the public site: every backend with its plan, the
 targets' signals with unknown shown as unknown, the last requests and usage by key, the
-admin check, escaping of names clients choose, and no prompt text (item 8)."""
+admin check, escaping of names clients choose, and no prompt text."""
 
 from __future__ import annotations
 
@@ -14,13 +13,11 @@ import pytest_twisted
 import treq
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.http_headers import Headers
-from twisted.web.server import Site
 
 from pharos.config import Key
-from pharos.obs.pages import Pages, mount, with_pages
+from pharos.obs.pages import Pages
 from pharos.obs.status import RecentRequests
 from pharos.proxy.auth import digest
-from pharos.proxy.channel import PathGuard
 from tests.component.capture_server import close, serve
 from tests.component.fleet import Fleet, start_fleet
 
@@ -70,10 +67,8 @@ async def start_pages(keys: tuple[Key, ...] = KEYS, **config: Any) -> PagesRig:
                                ("vllm", {"seed": 1}, {"kind": "vllm"}),
                                ("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
                               keys=keys, **config)
-    # The pages the service mounted itself once wired in tap.py, else mounted here.
-    pages = getattr(fleet.pharos, "pages", None) or mount(fleet.pharos.public, fleet.pharos)
-    port, url = serve(Site(PathGuard(with_pages(fleet.pharos.public.app.resource(), pages))))
-    return PagesRig(fleet, pages, url, port)
+    port, url = serve(fleet.pharos.site)
+    return PagesRig(fleet, fleet.pharos.pages, url, port)
 
 
 @pytest_twisted.ensureDeferred

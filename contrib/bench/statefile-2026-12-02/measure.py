@@ -30,10 +30,10 @@ from pharos.config import Backend as BackendSpec
 from pharos.peer.snapshot import Replicas
 from pharos.peer.statefile import StateFile
 from pharos.prefix import DEFAULT_CAPACITY, PrefixIndex
+from pharos.service import in_thread
 from pharos.state.registry import BackendState
 from pharos.state.state import State
 from pharos.state.stats import Sample, learn
-from pharos.tap import _in_thread
 from pharos.usage import Ledger
 
 KEYS, MODELS, DAYS = 20, 10, 400
@@ -133,7 +133,7 @@ async def measure(runs: int) -> dict[str, Any]:
             gaps.start()
             await task.deferLater(reactor, 0.2)
             idle_gap = gaps.stop()
-            writer = StateFile(path, full, reactor, in_thread=_in_thread(reactor))
+            writer = StateFile(path, full, reactor, in_thread=in_thread(reactor))
             pauses.take()
             gaps.start()
             t = time.perf_counter()
@@ -144,7 +144,7 @@ async def measure(runs: int) -> dict[str, Any]:
             fresh = replicas(fill=False)
             gaps.start()
             t = time.perf_counter()
-            await StateFile(path, fresh, reactor, in_thread=_in_thread(reactor)).restore()
+            await StateFile(path, fresh, reactor, in_thread=in_thread(reactor)).restore()
             restore_sec = time.perf_counter() - t
             restore_gap = gaps.stop()
             restore_gc = pauses.take()

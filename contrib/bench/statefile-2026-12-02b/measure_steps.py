@@ -41,7 +41,7 @@ from twisted.internet.defer import Deferred
 
 from pharos.peer import snapshot
 from pharos.peer.statefile import StateFile
-from pharos.tap import _in_thread
+from pharos.service import in_thread
 
 _spec = importlib.util.spec_from_file_location(
     "statefile_measure", Path(__file__).parent.parent / "statefile-2026-12-02" / "measure.py")
@@ -135,7 +135,7 @@ async def measure(runs: int, freeze: bool, part_items: int | None) -> dict[str, 
     rows: list[dict[str, Any]] = [{} for _ in range(runs)]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "pharos.state")
-        writer = StateFile(path, full, reactor, in_thread=_in_thread(reactor))
+        writer = StateFile(path, full, reactor, in_thread=in_thread(reactor))
         for row in rows:
             gaps.start()
             await task.deferLater(reactor, 0.2)
@@ -151,7 +151,7 @@ async def measure(runs: int, freeze: bool, part_items: int | None) -> dict[str, 
         for row in rows:
             fresh = base.replicas(fill=False)
             row["restore_max_gap_ms"], row["restore_sec"], row["restore_gc"] = await timed(
-                StateFile(path, fresh, reactor, in_thread=_in_thread(reactor)).restore)
+                StateFile(path, fresh, reactor, in_thread=in_thread(reactor)).restore)
             assert len(fresh.index) == entries, (len(fresh.index), entries)
             del fresh
             gc.collect()
