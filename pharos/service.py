@@ -338,11 +338,10 @@ class PharosService(MultiService):
             # Checked by load_config too; read again here, so a key that went away since
             # refuses the start rather than running without one.
             conversations = conversation_state(config.responses, reactor)
-        journals: dict[str, Journal] = {}
-        if journal is not None:
-            journals["usage"] = journal
-        if decision_log is not None:
-            journals["decision_log"] = decision_log.journal
+        journals = {name: j for name, j in (
+            ("usage", journal),
+            ("decision_log", None if decision_log is None else decision_log.journal))
+            if j is not None}
         metrics = Metrics(state, sched, shadow=shadow, peers=peer_node, journals=journals)
         if conversations.store is not None:
             metrics.registry.register(StoreCollector(conversations.store))
@@ -375,22 +374,18 @@ class PharosService(MultiService):
         children: list[IService] = [live_map, discovery, state.service, Watchdog(
             sched, reactor, older_than=config.drain.timeout)]
         watcher = None
-        reload_config: Callable[[], Reloaded] | None = None
         if config_path is not None:
             # Hot reload: the file watched, SIGHUP and ``POST /admin/reload``.
             watcher = ConfigWatcher(config_path, watched or config, reconfigure)
             watcher.clock = reactor  # ConfigWatcher's one wiring line, until it takes a clock
             children += [watcher, Sighup(IReactorFromThreads(reactor), watcher.reload)]
-            reload_config = watcher.reload
+
+        def reload_config() -> Reloaded:
+            assert watcher is not None
+            done = watcher.reload()
             if after_reload is not None:
-                reload_file, then = watcher.reload, after_reload
-
-                def reload_config_then() -> Reloaded:
-                    done = reload_file()
-                    then()
-                    return done
-
-                reload_config = reload_config_then
+                after_reload()
+            return done
 
         def apply_patch(patched: Config) -> None:
             """A merge patch put in force as a reload is; the file watcher compares the
@@ -401,7 +396,8 @@ class PharosService(MultiService):
 
         admin = AdminAPI(
             state=state, sched=sched, clock=reactor, live=live, ledger=ledger,
-            seed=sched.seed, shadow=shadow, reload_config=reload_config,
+            seed=sched.seed, shadow=shadow,
+            reload_config=reload_config if watcher is not None else None,
             config_admin=ConfigAdmin(lambda: live.now.config, apply_patch,
                                      lambda: live.now.fleet.generation, config_path))
         health = Health(restored=False)
@@ -516,11 +512,12 @@ def public_site(config: Config, public: PublicAPI, admin: AdminAPI, pages: Pages
                 max_body: int = MAX_BODY_BYTES) -> PublicSite:
     """The public site: one resource tree (``pharos.proxy.site``), bodies bounded while they
     arrive, request heads bounded in time, requests tracked for the drain."""
-    admin_app, pages_app = admin.app.resource(), pages.app.resource()
-    gate = Authorized(public.live, {b"admin": admin_app, b"usage": admin_app,
-                                    b"status": pages_app, b"live": pages_app})
+    pages_app = pages.app.resource()
+    gate = Authorized(public.live, admin.app.resource(), {b"status": pages_app,
+                                                          b"live": pages_app})
     root = PublicRoot(public.app.resource(), {
-        b"metrics": metrics, b"healthz": health, **{name: gate for name in gate.children}})
+        b"metrics": metrics, b"healthz": health, b"admin": gate, b"usage": gate,
+        b"status": gate, b"live": gate})
     t = config.timeouts
     return PublicSite(root, track=drain.track, head_deadline=t.request_headers,
                       body_deadline=t.request_body, idle=t.idle,

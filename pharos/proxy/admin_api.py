@@ -3,7 +3,7 @@ check (``pharos.proxy.site.Authorized``), so no route here checks the caller."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import date, timedelta
 from typing import Any, Protocol
 
@@ -139,11 +139,7 @@ class AdminAPI:
         admin = self._config_admin()
         done = admin.patch(request.content.read())
         if done.errors:
-            return reply(request, 422, {"error": {
-                "message": f"the patch has {len(done.errors)} error(s) and was not applied; "
-                           f"the running config stays",
-                "type": "invalid_request_error", "param": None, "code": "invalid_config"},
-                "errors": list(done.errors)})
+            return _invalid(request, done.errors, "the patch", "applied")
         return reply(request, 200, {"applied": list(done.applied), **admin.document()})
 
     def _config_admin(self) -> ConfigAdmin:
@@ -193,10 +189,15 @@ class AdminAPI:
                            code="no_config_file")
         done = self.reload_config()
         if done.errors:
-            return reply(request, 422, {"error": {
-                "message": f"the config file has {len(done.errors)} error(s) and was not "
-                           f"reloaded; the running config stays",
-                "type": "invalid_request_error", "param": None, "code": "invalid_config"},
-                "errors": list(done.errors)})
+            return _invalid(request, done.errors, "the config file", "reloaded")
         return reply(request, 200, {"changed": done.changed, "applied": list(done.applied),
                                     "needs_restart": list(done.restart)})
+
+
+def _invalid(request: Request, errs: Sequence[str], what: str, not_done: str) -> bytes:
+    """422 listing every error of a config that was refused whole."""
+    return reply(request, 422, {"error": {
+        "message": f"{what} has {len(errs)} error(s) and was not {not_done}; the running "
+                   f"config stays",
+        "type": "invalid_request_error", "param": None, "code": "invalid_config"},
+        "errors": list(errs)})

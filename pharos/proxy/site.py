@@ -112,21 +112,17 @@ class Mount(Resource):
     child is given back to it (a Klein app mounted at ``/`` sees ``/admin/config``, not
     ``/config``); a segment without a child goes to ``default``."""
 
-    def __init__(self, default: IResource | None = None,
-                 children: Mapping[bytes, IResource] | None = None) -> None:
+    def __init__(self, default: IResource, children: Mapping[bytes, IResource]) -> None:
         super().__init__()
         self.default = default
-        for name, child in (children or {}).items():
+        for name, child in children.items():
             self.putChild(name, child)
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> IResource:
         before, after = request.prepath, request.postpath
         assert before is not None and after is not None
         after.insert(0, before.pop())
-        child = self.children.get(path, self.default)
-        return child if child is not None else ErrorPage(
-            ApiError(404, f"no route {errors.echo(request.path.decode('latin-1'))}",
-                     code="not_found"))
+        return self.children.get(path, self.default)
 
 
 class PublicRoot(Mount):
@@ -146,8 +142,9 @@ class Authorized(Mount):
     """The admin part of the tree (``/admin/*``, ``/usage``, the pages): one check, an admin
     key once keys are configured (open without keys), before any of its apps runs."""
 
-    def __init__(self, live: LiveConfig, children: Mapping[bytes, IResource]) -> None:
-        super().__init__(None, children)
+    def __init__(self, live: LiveConfig, default: IResource,
+                 children: Mapping[bytes, IResource]) -> None:
+        super().__init__(default, children)
         self.live = live
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> IResource:
