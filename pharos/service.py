@@ -57,7 +57,7 @@ from pharos.proxy.channel import PublicSite
 from pharos.proxy.conversation import ConversationState
 from pharos.proxy.done import Done
 from pharos.proxy.drain import Drain, Health, HealthPage, second_signal_ends
-from pharos.proxy.exchange import Inflight
+from pharos.proxy.exchange import EngineLeg, Inflight
 from pharos.proxy.live import Live, LiveConfig
 from pharos.proxy.manage import ModelManager
 from pharos.proxy.public import PublicAPI
@@ -359,7 +359,8 @@ class PharosService(MultiService):
         on_done += [recent, live_map.on_done]
         public = PublicAPI(
             state=state, sched=sched, client=client, clock=reactor, live=live, ledger=ledger,
-            fresh=make_client(reactor, HTTPConnectionPool(reactor, persistent=False)),
+            engine=EngineLeg(client, make_client(
+                reactor, HTTPConnectionPool(reactor, persistent=False)), reactor),
             inflight=inflight, conversations=conversations, on_done=on_done,
             decision_log=decision_log,
             manager=ModelManager(state, client, reactor,

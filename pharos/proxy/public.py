@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import attr
 from klein import Klein
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IResponse
@@ -32,13 +32,12 @@ from pharos.proxy.auth import Identity
 from pharos.proxy.conversation import RESPONSES_PATH, ConversationState, Turn
 from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
 from pharos.proxy.errors import ApiError
-from pharos.proxy.exchange import EMBEDDING_ROUTES, OK, Exchange, Inflight, Limits
+from pharos.proxy.exchange import EMBEDDING_ROUTES, OK, EngineLeg, Exchange, Inflight, Limits
 from pharos.proxy.live import LiveConfig
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import collect, response_headers, send
 from pharos.proxy.site import add_error_handling, reply
-from pharos.proxy.unload import unload
 from pharos.sched import Lease, Scheduler
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
@@ -70,10 +69,10 @@ class PublicAPI:
 
     state: State
     sched: Scheduler
-    #: The engines' pooled client, and one that opens a connection per request and closes
-    #: it after (the retry after a dead pooled connection).
+    #: The engines' pooled client (model lists, ``/api/show``), and the engine leg of every
+    #: attempt of the data plane's exchanges.
     client: HTTPClient
-    fresh: HTTPClient
+    engine: EngineLeg
     clock: IReactorTime
     #: Key ring, timeouts and the fleet's models, swapped whole by a reload.
     live: LiveConfig
@@ -340,10 +339,9 @@ class PublicAPI:
                         else timeouts.first_byte_generate),
             stream_idle=timeouts.stream_idle)
         ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
-                      send=self._send, clock=self.clock, limits=limits, inflight=self.inflight,
+                      engine=self.engine, clock=self.clock, limits=limits, inflight=self.inflight,
                       session=session_of(request, parsed), start_reply=self._start_reply,
-                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens),
-                      unload=self._unload)
+                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens))
         ex.policy = live.fleet.policy_for(parsed.model, request_key(ex.session, rid))
         return ex
 
@@ -354,13 +352,6 @@ class PublicAPI:
             return None
         attempts = itertools.count(1)
         return lambda lease: dlog.decided(rid, next(attempts), prompt_tokens, lease)
-
-    def _send(self, target: Target, path: str, body: bytes,
-              fresh: bool = False) -> Deferred[IResponse]:
-        return send(self.fresh if fresh else self.client, target.backend.url + path, body)
-
-    def _unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
-        return unload(self.client, self.clock, target.backend.url, models)
 
     def _start_reply(self, request: Request, response: IResponse, target: Target,
                      reason: str, lease: Lease | None = None) -> None:
