@@ -515,15 +515,8 @@ class Exchange:
                 raise ApiError(400, f"{path} is not served by {target.backend.url}",
                                code="route_not_served")
             self.outcome = ERROR_STATUS
-            request = self.request
-            request.setResponseCode(code)
-            ours = request.responseHeaders.getRawHeaders(b"x-request-id")
-            for k, vs in headers:
-                request.responseHeaders.setRawHeaders(k, vs)
-            if ours:  # the request's id, not the engine's
-                request.responseHeaders.setRawHeaders(b"x-request-id", ours)
-            request.setHeader(b"x-pharos-backend", target.backend.url.encode())
-            request.write(body)
+            engine_head(self.request, code, headers, target)
+            self.request.write(body)
             return
         if retries.timed_out:
             self.outcome = TIMED_OUT
@@ -633,6 +626,19 @@ class Exchange:
             control=self.parsed.control,
             prefill_window_sec=lease.prefill_window_sec,
         )
+
+
+def engine_head(request: Request, code: int, headers: list[tuple[bytes, list[bytes]]],
+                target: Target) -> None:
+    """The engine's status and headers on the client's reply, with the request's own id
+    (not the engine's) and the backend that answered."""
+    request.setResponseCode(code)
+    ours = request.responseHeaders.getRawHeaders(b"x-request-id")
+    for k, vs in headers:
+        request.responseHeaders.setRawHeaders(k, vs)
+    if ours:
+        request.responseHeaders.setRawHeaders(b"x-request-id", ours)
+    request.setHeader(b"x-pharos-backend", target.backend.url.encode())
 
 
 def _refused(e: Exception) -> bool:

@@ -32,7 +32,15 @@ from pharos.proxy.auth import Identity
 from pharos.proxy.conversation import RESPONSES_PATH, ConversationState, Turn
 from pharos.proxy.done import CLIENT_CLOSED, Done, Trace, request_id
 from pharos.proxy.errors import ApiError
-from pharos.proxy.exchange import EMBEDDING_ROUTES, OK, EngineLeg, Exchange, Inflight, Limits
+from pharos.proxy.exchange import (
+    EMBEDDING_ROUTES,
+    OK,
+    EngineLeg,
+    Exchange,
+    Inflight,
+    Limits,
+    engine_head,
+)
 from pharos.proxy.live import LiveConfig
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
@@ -355,13 +363,7 @@ class PublicAPI:
 
     def _start_reply(self, request: Request, response: IResponse, target: Target,
                      reason: str, lease: Lease | None = None) -> None:
-        request.setResponseCode(response.code)
-        ours = request.responseHeaders.getRawHeaders(b"x-request-id")
-        for k, vs in response_headers(response):
-            request.responseHeaders.setRawHeaders(k, vs)
-        if ours:  # the request's id, not the engine's
-            request.responseHeaders.setRawHeaders(b"x-request-id", ours)
-        request.setHeader(b"x-pharos-backend", target.backend.url.encode())
+        engine_head(request, response.code, response_headers(response), target)
         request.setHeader(b"x-pharos-reason", _ascii(reason))
         if lease is not None:
             if lease.policy:
