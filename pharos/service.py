@@ -365,7 +365,7 @@ class PharosService(MultiService):
             decision_log=decision_log,
             manager=ModelManager(state, client, reactor,
                                  lambda: live.now.config.timeouts.stream_idle))
-        hook(live_map, sched, public)
+        hook(live_map, sched, public.engine)
         pages = Pages(StatusPage(state, sched, ledger, recent, peers=peer_node), live_map)
         backends = BackendSet(live, state)
         # The backend set: static, Docker and DNS, before the scrapers it feeds.

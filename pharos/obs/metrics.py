@@ -64,7 +64,7 @@ NO_KEY: Final = "none"
 
 #: Histogram buckets, seconds. TTFT spans a cached prompt on a GPU to a cold load on CPU.
 TTFT_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: Pharos's own time against the 2 ms p99 budget (spec §15).
+#: Pharos's own time against its 2 ms p99 budget.
 OVERHEAD_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
 QUEUE_BUCKETS: Final = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 

@@ -1,4 +1,4 @@
-"""One client request through Pharos, from acquire to the last byte (DESIGN §4 steps 4-8).
+"""One client request through Pharos, from acquire to the last byte.
 
 An ``Exchange`` is the only owner of its request's lease. Each attempt takes a lease, sends
 the request, and either relays the reply or gives the lease back before trying again; ``run``'s
@@ -12,6 +12,7 @@ a refused connection, ``Inflight.backend_down``), when no first byte arrives wit
 family's ``timeouts.first_byte``, or when the engine answers 502, 503 or 504. A 500 is the
 request's own fault and reaches the client as the engine sent it. After the first byte there
 are no retries; an engine that dies or stalls (``timeouts.stream_idle``) cuts the client.
+Each attempt ends in a ``Step``; when to retry, and where, is ``Retries``'s alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
+import attr
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectError, ConnectionRefusedError
@@ -47,14 +49,14 @@ from pharos.state.stats import MIN_REAL_LOAD_SEC, Sample
 
 log = Logger()
 
-#: Routes whose missing support an engine shows with a 404 (coding agents, spec §9).
+#: Routes whose missing support an engine shows with a 404 (coding agents).
 AGENT_ROUTES = frozenset({"/v1/messages", "/v1/responses"})
 EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
 #: Engine statuses another engine may answer better: retried once elsewhere before the first
 #: byte. 500 is not among them: it is the request's own fault far more often than the engine's.
 RETRY_STATUSES = frozenset({502, 503, 504})
 
-#: How an exchange ended (spec §13 ``upstream``).
+#: How an exchange ended (the ``upstream`` decisions).
 OK = "ok"
 ERROR_STATUS = "error_status"
 CONNECT_FAILED = "connect_failed"
@@ -62,7 +64,7 @@ DIED_MID_REPLY = "died_mid_reply"
 CLIENT_LEFT = "client_left"
 TIMED_OUT = "timed_out"
 PHAROS_ERROR = "pharos_error"
-#: An attempt given up for a retry elsewhere (spec §13 ``upstream``): the engine answered 503,
+#: An attempt given up for a retry elsewhere (``upstream``): the engine answered 503,
 #: or another 5xx (or 404 on a coding-agent route).
 BUSY_RETRIED = "busy_retried"
 ERROR_RETRIED = "error_retried"
@@ -75,13 +77,27 @@ class Engine(Protocol):
 
     def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]: ...
 
+    def start_reply(self, request: Request, response: IResponse, target: Target,
+                    reason: str, lease: Lease | None = None) -> None: ...
 
-@dataclass(frozen=True, slots=True)
+
+class DecisionSink(Protocol):
+    """What the proxy asks of the decision log (``pharos.obs.decisions``; the proxy imports
+    no subscriber)."""
+
+    def sampled(self, request_id: str) -> bool: ...
+
+    def decided(self, request_id: str, attempt: int, prompt_tokens: int, lease: Lease
+                ) -> None: ...
+
+
+@attr.s(auto_attribs=True, eq=False)
 class EngineLeg:
     """What an attempt asks of the engines: ``send`` its body to a target's route (``fresh``:
-    on a new connection, closed after it, when a pooled one turned out dead) and ``unload``
-    a host's models first (a cold load's victims, as the host names them; fires when done,
-    never fails: ``pharos.proxy.unload``)."""
+    on a new connection, closed after it, when a pooled one turned out dead), ``unload`` a
+    host's models first (a cold load's victims, as the host names them; fires when done,
+    never fails: ``pharos.proxy.unload``), and ``start_reply``: the engine's head on the
+    client's reply, with Pharos's own headers (the live map wraps it to see first bytes)."""
 
     client: HTTPClient
     fresh_client: HTTPClient
@@ -94,6 +110,20 @@ class EngineLeg:
 
     def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
         return unload(self.client, self.clock, target.backend.url, models)
+
+    def start_reply(self, request: Request, response: IResponse, target: Target,
+                    reason: str, lease: Lease | None = None) -> None:
+        engine_head(request, response.code, response_headers(response), target)
+        request.setHeader(b"x-pharos-reason", reason.encode("ascii", "replace")[:512])
+        if lease is not None:
+            if lease.policy:
+                request.setHeader(b"x-pharos-policy", lease.policy.encode())
+            if lease.chain:
+                request.setHeader(b"x-pharos-predicted-cached-tokens",
+                                  str(lease.predicted_tokens).encode())
+            if lease.est_ttft is not None:
+                request.setHeader(b"x-pharos-estimated-ttft-ms",
+                                  f"{lease.est_ttft * 1000:.1f}".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +241,9 @@ class Exchange:
     def __init__(self, request: Request, parsed: Parsed, path: str, kind: str | None, *,
                  sched: Scheduler, state: State, engine: Engine, clock: IReactorTime,
                  limits: Limits, inflight: Inflight, session: int | None,
-                 start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
-                 who: Identity = OPEN,
-                 on_lease: Callable[[Lease], None] | None = None) -> None:
+                 who: Identity = OPEN, policy: PolicyConfig | None = None,
+                 capture: Callable[[StreamTap], Tap] | None = None,
+                 decision_log: DecisionSink | None = None, request_id: str = "") -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
@@ -225,14 +255,16 @@ class Exchange:
         self.limits = limits
         self.inflight = inflight
         self.session = session
-        self.start_reply = start_reply
         self.who = who
-        self.on_lease = on_lease  # told of each lease taken (the decision log)
+        #: The policy routing it (its model's or its split arm's); None: the scheduler's.
+        self.policy = policy
         #: Wraps each attempt's tap (a store-eligible /v1/responses request's capture,
         #: ``pharos.proxy.conversation``); None for every other request.
-        self.capture: Callable[[StreamTap], Tap] | None = None
-        #: The policy routing it (its model's or its split arm's); None: the scheduler's.
-        self.policy: PolicyConfig | None = None
+        self.capture = capture
+        #: The decision log, told of each lease taken when it samples this request.
+        self.request_id = request_id
+        self.decision_log = (decision_log if decision_log is not None
+                             and decision_log.sampled(request_id) else None)
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -271,8 +303,9 @@ class Exchange:
         assert self.lease is None, "an exchange holds one lease at a time"
         self.lease = lease
         self.inflight.add(lease.target.backend, self)
-        if self.on_lease is not None:
-            self.on_lease(lease)
+        if self.decision_log is not None:
+            self.decision_log.decided(self.request_id, self.attempts + 1,
+                                      self.parsed.prompt_tokens, lease)
 
     def _drop(self, sample: Sample | None = None) -> None:
         """Give back the lease held, if any (the only place a lease is released)."""
@@ -549,7 +582,7 @@ class Exchange:
         if not (isinstance(doc, dict) and doc.get("type") == "error"):
             body = ApiError(response.code, _message(body)).body(ollama=False, anthropic=True)
         request = self.request
-        self.start_reply(request, response, lease.target, lease.decision.reason, lease)
+        self.engine.start_reply(request, response, lease.target, lease.decision.reason, lease)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(body))
         request.write(body)
@@ -572,7 +605,7 @@ class Exchange:
             self._replied(lease)
             self._cancel_timer()
             first.append(self.clock.seconds())
-            self.start_reply(request, response, target, lease.decision.reason, lease)
+            self.engine.start_reply(request, response, target, lease.decision.reason, lease)
             length = response.length
             if unchanged and isinstance(length, int):
                 request.setHeader(b"content-length", str(length).encode())

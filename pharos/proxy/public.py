@@ -9,11 +9,10 @@ first byte reaches the client, a refused connection or a 5xx is retried once els
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import attr
 from klein import Klein
@@ -21,7 +20,6 @@ from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
 from pharos.engine.library import OLLAMA
@@ -35,19 +33,20 @@ from pharos.proxy.errors import ApiError
 from pharos.proxy.exchange import (
     EMBEDDING_ROUTES,
     OK,
+    DecisionSink,
     EngineLeg,
     Exchange,
     Inflight,
     Limits,
-    engine_head,
 )
 from pharos.proxy.live import LiveConfig
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
-from pharos.proxy.relay import collect, response_headers, send
+from pharos.proxy.relay import Tap, collect, send
 from pharos.proxy.site import add_error_handling, reply
-from pharos.sched import Lease, Scheduler
-from pharos.state.registry import BackendState, Target
+from pharos.proxy.tap import StreamTap
+from pharos.sched import Scheduler
+from pharos.state.registry import BackendState
 from pharos.state.state import State
 from pharos.usage import Ledger
 
@@ -61,10 +60,6 @@ OLLAMA_METHODS: dict[str, tuple[str, ...]] = {
     "show": ("POST",), "tags": ("GET", "HEAD"), "ps": ("GET", "HEAD"),
     "version": ("GET", "HEAD"),
 }
-
-
-def _ascii(text: str) -> bytes:
-    return text.encode("ascii", "replace")[:512]
 
 
 @attr.s(auto_attribs=True, kw_only=True, eq=False)
@@ -208,7 +203,7 @@ class PublicAPI:
         t = targets[0]
         response = await send(self.client, t.backend.url + "/api/show",
                               parsed.forward_body(t.served))
-        self._start_reply(request, response, t, "model information")
+        self.engine.start_reply(request, response, t, "model information")
         request.write(await collect(response, 64 * 1024 * 1024))
 
     @app.route("/api/<string:name>", methods=["GET", "POST", "DELETE", "HEAD", "PUT"])
@@ -279,7 +274,7 @@ class PublicAPI:
     async def _proxy(self, request: Request, path: str, kind: str | None,
                      responses: ConversationState | None = None) -> None:
         """Auth, parse, allow-list, admission, then the exchange; every ending becomes one
-        ``Done`` for the subscribers (the stages in order: DESIGN §4)."""
+        ``Done`` for the subscribers."""
         trace = Trace(self.clock.seconds(), request_id(request), path)
         request.setHeader(b"x-request-id", trace.request_id.encode())
         ex: Exchange | None = None
@@ -298,9 +293,8 @@ class PublicAPI:
             held = self.admission.admit(who, parsed, path)
             trace.admit(parsed)
             try:
-                ex = self._exchange(request, parsed, path, kind, who, trace.request_id)
-                if turn is not None:
-                    ex.capture = turn.tap
+                ex = self._exchange(request, parsed, path, kind, who, trace.request_id,
+                                    None if turn is None else turn.tap)
                 await ex.run()
                 if turn is not None:
                     turn.finish(ex.outcome == OK)
@@ -337,7 +331,8 @@ class PublicAPI:
         self._done(trace.finish(self.clock.seconds(), 413))
 
     def _exchange(self, request: Request, parsed: Parsed, path: str, kind: str | None,
-                  who: Identity, rid: str = "") -> Exchange:
+                  who: Identity, rid: str, capture: Callable[[StreamTap], Tap] | None
+                  ) -> Exchange:
         if parsed.unfollowed is not None:
             self.sched.unfollowed[parsed.unfollowed] += 1
         live = self.live.now
@@ -346,44 +341,12 @@ class PublicAPI:
             first_byte=(timeouts.first_byte_embeddings if path in EMBEDDING_ROUTES
                         else timeouts.first_byte_generate),
             stream_idle=timeouts.stream_idle)
-        ex = Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
-                      engine=self.engine, clock=self.clock, limits=limits, inflight=self.inflight,
-                      session=session_of(request, parsed), start_reply=self._start_reply,
-                      who=who, on_lease=self._decision_logger(rid, parsed.prompt_tokens))
-        ex.policy = live.fleet.policy_for(parsed.model, request_key(ex.session, rid))
-        return ex
-
-    def _decision_logger(self, rid: str, prompt_tokens: int) -> Callable[[Lease], None] | None:
-        """The decision log's callback for a sampled request (None for the rest)."""
-        dlog = self.decision_log
-        if dlog is None or not dlog.sampled(rid):
-            return None
-        attempts = itertools.count(1)
-        return lambda lease: dlog.decided(rid, next(attempts), prompt_tokens, lease)
-
-    def _start_reply(self, request: Request, response: IResponse, target: Target,
-                     reason: str, lease: Lease | None = None) -> None:
-        engine_head(request, response.code, response_headers(response), target)
-        request.setHeader(b"x-pharos-reason", _ascii(reason))
-        if lease is not None:
-            if lease.policy:
-                request.setHeader(b"x-pharos-policy", lease.policy.encode())
-            if lease.chain:
-                request.setHeader(b"x-pharos-predicted-cached-tokens",
-                                  str(lease.predicted_tokens).encode())
-            if lease.est_ttft is not None:
-                request.setHeader(b"x-pharos-estimated-ttft-ms",
-                                  f"{lease.est_ttft * 1000:.1f}".encode())
-
-
-class DecisionSink(Protocol):
-    """What the proxy asks of the decision log (``pharos.obs.decisions``; the proxy imports
-    no subscriber)."""
-
-    def sampled(self, request_id: str) -> bool: ...
-
-    def decided(self, request_id: str, attempt: int, prompt_tokens: int, lease: Lease
-                ) -> None: ...
+        session = session_of(request, parsed)
+        return Exchange(request, parsed, path, kind, sched=self.sched, state=self.state,
+                        engine=self.engine, clock=self.clock, limits=limits,
+                        inflight=self.inflight, session=session, who=who,
+                        policy=live.fleet.policy_for(parsed.model, request_key(session, rid)),
+                        capture=capture, decision_log=self.decision_log, request_id=rid)
 
 
 def session_of(request: Request, parsed: Parsed) -> int | None:

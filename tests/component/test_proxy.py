@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 from typing import Any
 
+import attr
 import pytest
 import pytest_twisted
 import treq
@@ -357,7 +357,7 @@ async def test_dead_pooled_connection_is_retried_on_the_same_engine() -> None:
     fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
     engine = fleet.pharos.public.engine
     shim = StaleOnce(engine.client)
-    fleet.pharos.public.engine = dataclasses.replace(engine, client=shim)  # type: ignore[arg-type]
+    fleet.pharos.public.engine = attr.evolve(engine, client=shim)  # type: ignore[arg-type]
     try:
         r = await fleet.chat("tiny")
         await r.content()

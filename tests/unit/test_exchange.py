@@ -171,12 +171,13 @@ class Rig:
             def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
                 raise AssertionError("no cold load here")
 
+            def start_reply(self, req: Request, resp: Any, target: Target, reason: str,
+                            lease: Any = None) -> None:
+                req.setResponseCode(resp.code)
+
         ex = Exchange(request, parsed, "/v1/chat/completions", None, sched=self.sched,
                       state=self.state, engine=Engine(), clock=self.clock, limits=LIMITS,
-                      inflight=self.inflight, session=None,
-                      start_reply=lambda req, resp, t, reason, lease: req.setResponseCode(
-                          resp.code),
-                      who=Identity("k"))
+                      inflight=self.inflight, session=None, who=Identity("k"))
         holder.append(ex)
         d = ensureDeferred(ex.run())
         d.addErrback(lambda _: None)
