@@ -289,6 +289,7 @@ class Exchange:
         self.queue_wait = 0.0
         self.queue_wait_before_send = 0.0
         self.first_sent: float | None = None
+        self.sent_at = 0.0  # when the current attempt's lease was granted
         self._sent = False  # an attempt was sent and has no upstream outcome yet
 
     def _upstream(self, outcome: str) -> None:
