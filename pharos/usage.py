@@ -309,7 +309,8 @@ class Ledger:
     """
 
     def __init__(self, clock: IReactorTime, origin: str, timezone: str | None = None,
-                 retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
+                 retention_days: int = DEFAULT_RETENTION_DAYS,
+                 on_reserve: Callable[[], None] | None = None) -> None:
         self.clock = clock
         self.origin = origin
         self.calendar = Calendar(timezone)
@@ -329,7 +330,7 @@ class Ledger:
         self.peers: dict[str, PeerReserved] = {}
         #: Called after a reservation against a limit is made (``PeerNode.kick``: peers
         #: learn of it on the next reactor turn, not the next tick).
-        self.on_reserve: Callable[[], None] | None = None
+        self.on_reserve = on_reserve
         self._day: int | None = None
         self._day_start = math.inf
         self._day_end = -math.inf

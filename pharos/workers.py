@@ -1,4 +1,4 @@
-"""Every core (issue 16 item 3): ``workers: N`` processes behind one public port.
+"""Every core: ``workers: N`` processes behind one public port.
 
 With ``workers: 1`` (the default) nothing here runs: twistd's process is Pharos. With more,
 twistd's process is a ``Supervisor`` that serves nothing itself:
@@ -21,7 +21,7 @@ twistd's process is a ``Supervisor`` that serves nothing itself:
   to ``PATH.workerI`` (one writer per file), and restores its own.
 - **Signals reach every worker.** SIGTERM (or SIGINT) drains: the supervisor closes its
   socket and sends SIGTERM to every worker, each of which drains as a single process
-  does (spec §9), and it ends when they all have. SIGHUP is passed on to every worker; a
+  does, and it ends when they all have. SIGHUP is passed on to every worker; a
   worker answering ``POST /admin/reload`` reloads and sends SIGHUP to the supervisor, so its
   siblings reload too. Workers leave the terminal's process group (a Ctrl-C reaches them
   once, through the supervisor) and stop by themselves if the supervisor disappears.
@@ -72,6 +72,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from pharos.config import LISTEN_BACKLOG, Config, Listen, Peers, Usage
+from pharos.service import ListenError, PharosService, listen_error
 
 log = Logger()
 
@@ -260,8 +261,6 @@ class Supervisor(Service):
     def privilegedStartService(self) -> None:
         """Bind the public socket (a busy port fails the start, naming it) and one loopback
         peer socket per worker."""
-        from pharos.tap import ListenError, _listen_error
-
         super().privilegedStartService()
         family, host, port = public_address(self.config)
         self.family, self.host = family, host
@@ -279,7 +278,7 @@ class Supervisor(Service):
             self.port = s.getsockname()[1]
         except OSError as e:
             s.close()
-            raise ListenError(_listen_error(CannotListenError(host, port, e))) from None
+            raise ListenError(listen_error(CannotListenError(host, port, e))) from None
         s.setblocking(False)
         s.set_inheritable(True)
         self.public = s
@@ -372,9 +371,9 @@ class Supervisor(Service):
             proto.signal("HUP")
 
     def stopService(self) -> Deferred[None]:
-        """Drain: close this copy of the public socket, SIGTERM every worker (each drains,
-        spec §9) and wait for them all; one still there after the drain's own limits plus
-        ``STOP_MARGIN`` is killed."""
+        """Drain: close this copy of the public socket, SIGTERM every worker (each drains as
+        a single process does) and wait for them all; one still there after the drain's own
+        limits plus ``STOP_MARGIN`` is killed."""
         super().stopService()
         return Deferred.fromCoroutine(self._stop())
 
@@ -585,21 +584,6 @@ class WorkersMetrics(Resource):
     render_HEAD = render_GET
 
 
-class WithWorkersMetrics(Resource):
-    """``/metrics`` to ``WorkersMetrics``, the rest of the public site as it was."""
-
-    isLeaf = True
-
-    def __init__(self, inner: IResource, metrics: IResource) -> None:
-        super().__init__()
-        self.inner = inner
-        self.metrics = metrics
-
-    def render(self, request: Request) -> Any:
-        inner = self.metrics if request.path == b"/metrics" else self.inner
-        return inner.render(request)
-
-
 class Orphaned(TimerService):
     """Stops the reactor (a drain) when the supervisor that started this worker is gone."""
 
@@ -619,51 +603,37 @@ class Orphaned(TimerService):
 
 def worker_service(config: Config, config_path: str, spec_text: str, reactor: Any,
                    request_log: bool = False, docker_socket: str | None = None) -> IService:
-    """Worker ``spec.index``'s service tree: a whole Pharos (``pharos.tap.build``) on the
-    adopted sockets, with its siblings as peers."""
-    from pharos.tap import build
-
+    """Worker ``spec.index``'s service tree: a whole Pharos (``PharosService.from_config``)
+    on the adopted sockets, with its siblings as peers, every worker's series on its
+    ``/metrics``, and a reload it answers passed on to its siblings."""
     spec = WorkerSpec.decode(spec_text)
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # out of the terminal's group: Ctrl-C reaches the supervisor only
-    wconfig = worker_config(config, spec)
     with open(spec.secret_file, "rb") as f:
         secret = f.read().strip()
-    holder: dict[str, Any] = {}
 
     def listen(description: str, site: Site) -> IService:
         if description == PUBLIC_ADOPTED:
-            holder["public"] = site
             return AdoptedPort(reactor, PUBLIC_FD, spec.family, site, spec.mode,
                                (spec.host, spec.port))
         if description == PEER_ADOPTED:
-            holder["peer"] = site
             site.log = lambda request: None  # type: ignore[method-assign]  # deltas: 50/s
             return AdoptedPort(reactor, PEER_FD, socket.AF_INET, site)
         raise WorkerError(f"a worker has no listener for {description!r}")
 
-    top = build(wconfig, reactor, config_path=config_path, request_log=request_log,
-                docker_socket=docker_socket, listen=listen)
-    if top.peer_node is not None:
-        top.peer_node.tick = WORKER_TICK
-    exposition = top.metrics.exposition
-    holder["peer"].resource = OwnMetrics(holder["peer"].resource, exposition, secret)
-    public: Site = holder["public"]
-    public.resource = WithWorkersMetrics(public.resource, WorkersMetrics(
-        spec, exposition, top.client, secret, reactor))
-    if top.watcher is not None:
+    def reload_siblings() -> None:
+        with contextlib.suppress(OSError):
+            os.kill(spec.supervisor, signal.SIGHUP)  # the siblings read the file too
+
+    top = PharosService.from_config(
+        reactor, worker_config(config, spec), config_path=config_path,
+        request_log=request_log, docker_socket=docker_socket, listen=listen,
+        own_process=True, peer_tick=WORKER_TICK,
         # Reloads compare the file with the file, not with this worker's listeners and paths.
-        top.watcher.current = config
-        reload = top.watcher.reload
-
-        def reload_everywhere() -> Any:
-            done = reload()
-            with contextlib.suppress(OSError):
-                os.kill(spec.supervisor, signal.SIGHUP)  # the siblings read it too
-            return done
-
-        top.public.reload_config = reload_everywhere
-    Orphaned(reactor, spec.supervisor).setServiceParent(top)
-    top.handle_signals = top.freeze_gc = True
+        watched=config, after_reload=reload_siblings,
+        metrics_page=lambda metrics, client: WorkersMetrics(
+            spec, metrics.exposition, client, secret, reactor),
+        peer_resource=lambda inner, metrics: OwnMetrics(inner, metrics.exposition, secret),
+        extra=[Orphaned(reactor, spec.supervisor)])
     log.info("worker {index} of {count}", index=spec.index, count=spec.count)
     return top

@@ -90,11 +90,11 @@ def child() -> dict[str, Any]:
     from twisted.internet import reactor
 
     from pharos.config import parse_config
-    from pharos.tap import build
+    from pharos.service import PharosService
 
     config = parse_config("backends:\n" + "".join(
         f"  - url: http://127.0.0.1:{9 + i}\n    kind: vllm\n" for i in range(TARGETS)))
-    top = build(config, reactor)
+    top = PharosService.from_config(reactor, config)
     gc.collect()
     out: dict[str, Any] = {"rss_service_mb": round(_rss_mb(), 1)}
     sched = top.sched

@@ -338,11 +338,11 @@ class LiveMap(Service):
 
 def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None]:
     """Feed ``admitted``, ``queued``, ``routed`` and ``first_byte`` by wrapping
-    ``sched.acquire`` and the owner's ``_start_reply`` on those instances (no change to the
+    ``sched.acquire`` and the owner's ``start_reply`` on those instances (no change to the
     proxy); returns the undo.
     A ``hook`` list on the proxy would replace this once the proxy has one."""
     acquire = sched.acquire
-    start_reply = start_reply_owner._start_reply
+    start_reply = start_reply_owner.start_reply
 
     def acquire_seen(key: Any, *args: Any, **kw: Any) -> Any:
         if not live.readers:
@@ -380,11 +380,11 @@ def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None
             log.failure("live map: first byte event failed")
 
     sched.acquire = acquire_seen
-    start_reply_owner._start_reply = start_seen
+    start_reply_owner.start_reply = start_seen
 
     def undo() -> None:
         sched.acquire = acquire
-        start_reply_owner._start_reply = start_reply
+        start_reply_owner.start_reply = start_reply
 
     return undo
 

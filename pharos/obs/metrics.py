@@ -1,4 +1,4 @@
-"""``/metrics``: spec §13's series in Prometheus's text format (issue 12 item 1).
+"""``/metrics``: Pharos's series in Prometheus's text format.
 
 ``Metrics`` subscribes to the proxy's ``on_done`` (every finished request's ``Done``) and to
 the state's ``on_decision`` (background rounds), and keeps plain in-memory counters and
@@ -8,7 +8,7 @@ object on the hot path. A scrape runs one custom collector over a private
 targets as they are now, so series of a removed backend are gone with it and a scrape sees
 one consistent instant (the reactor is single-threaded and the collector never yields).
 ``MetricsPage`` serves it synchronously (not ``prometheus_client.twisted``, which imports the
-global reactor and collects in a thread; DESIGN §5).
+global reactor and collects in a thread).
 
 Label values are bounded: ``key`` is a configured key name (``anonymous`` without keys,
 ``none`` for a request without a valid key), ``model`` a model some backend has listed, every
@@ -64,7 +64,7 @@ NO_KEY: Final = "none"
 
 #: Histogram buckets, seconds. TTFT spans a cached prompt on a GPU to a cold load on CPU.
 TTFT_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: Pharos's own time against the 2 ms p99 budget (spec §15).
+#: Pharos's own time against its 2 ms p99 budget.
 OVERHEAD_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1)
 QUEUE_BUCKETS: Final = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
@@ -97,7 +97,9 @@ class Metrics(Collector):
     """The in-memory counters (fed by ``done`` and ``decision``) and the collector that
     exposes them with the state's gauges."""
 
-    def __init__(self, state: State, sched: Scheduler) -> None:
+    def __init__(self, state: State, sched: Scheduler, *, shadow: ShadowCounts | None = None,
+                 peers: PeerNode | None = None,
+                 journals: Mapping[str, Journal] | None = None) -> None:
         self.state = state
         self.sched = sched
         self.requests: Counter[tuple[str, str, str]] = Counter()
@@ -111,15 +113,15 @@ class Metrics(Collector):
         self.queue_wait: dict[str, Histogram] = {}
         self._known: set[str] = set()  # models some backend listed (labels as themselves)
         #: The peer node, when peers are configured (its series are absent otherwise).
-        self.peers: PeerNode | None = None
+        self.peers = peers
         #: The journals (usage journal, decision log) by name, when configured: what each
         #: dropped (its buffer full: the disk fell behind) or failed to write is counted.
-        self.journals: dict[str, Journal] = {}
-        #: Requests and TTFT by the policy that routed them (issue 17: an A/B split's arms
-        #: side by side), and the shadow policies' counts when set (``pharos.shadow``).
+        self.journals = dict(journals or {})
+        #: Requests and TTFT by the policy that routed them (an A/B split's arms side by
+        #: side), and the shadow policies' counts when set (``pharos.shadow``).
         self.by_policy: Counter[tuple[str, str, str]] = Counter()
         self.policy_ttft: dict[str, Histogram] = {}
-        self.shadow: ShadowCounts | None = None
+        self.shadow = shadow
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -406,7 +408,7 @@ class Metrics(Collector):
 
 
 class MetricsPage(Resource):
-    """``GET /metrics``: no key needed (spec §13); synchronous, one collect per scrape."""
+    """``GET /metrics``: no key needed; synchronous, one collect per scrape."""
 
     isLeaf = True
 

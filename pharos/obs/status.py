@@ -121,13 +121,13 @@ class StatusPage:
     """Renders ``/status`` from the live state, scheduler, ledger and the recent requests."""
 
     def __init__(self, state: State, sched: Scheduler, ledger: Ledger,
-                 recent: RecentRequests) -> None:
+                 recent: RecentRequests, peers: PeerNode | None = None) -> None:
         self.state = state
         self.sched = sched
         self.ledger = ledger
         self.recent = recent
         #: The peer node, when peers are configured (a Peers section then).
-        self.peers: PeerNode | None = None
+        self.peers = peers
 
     def render(self) -> Deferred[bytes]:
         """The page, as bytes (fires at once: nothing in it waits)."""

@@ -1,4 +1,4 @@
-"""The public listener's HTTP/1.1 channel, hardened at the protocol level (issue 9).
+"""The public listener's HTTP/1.1 channel, hardened at the protocol level.
 
 twisted.web answers what it cannot parse (a bad Content-Length or Transfer-Encoding, NUL bytes
 in a header, too many or too large headers) with a bare ``400`` and no body; a request head
@@ -14,16 +14,15 @@ open). An idle keep-alive connection is closed after ``timeouts.idle`` (the site
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from klein._resource import URLDecodeError, extractURLparts
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
-from twisted.web.resource import IResource, Resource
+from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
-from zope.interface import implementer
 
 from pharos.config import DEFAULT_REQUEST_BODY, DEFAULT_REQUEST_HEADERS
 from pharos.proxy.errors import ApiError, is_ollama_path
@@ -116,11 +115,25 @@ class PharosChannel(HTTPChannel):
 
 
 class PublicSite(Site):
-    """The public site: ``PharosChannel``s, and no access log (one debug line per request
-    belongs to obs, without prompt text)."""
+    """The public site: ``PharosChannel``s, every request handed to ``track`` (the drain
+    counts them) before its resource is found, and no access log (one debug line per request
+    belongs to obs, without prompt text). ``idle``: seconds an idle keep-alive connection
+    stays open."""
 
-    head_deadline = DEFAULT_REQUEST_HEADERS
-    body_deadline = DEFAULT_REQUEST_BODY
+    def __init__(self, resource: IResource, *, track: Callable[[Request], None] | None = None,
+                 head_deadline: float = DEFAULT_REQUEST_HEADERS,
+                 body_deadline: float = DEFAULT_REQUEST_BODY, idle: float | None = None,
+                 requestFactory: Any = None) -> None:  # noqa: N803
+        kw = {} if idle is None else {"timeout": idle}
+        super().__init__(resource, requestFactory=requestFactory, **kw)
+        self.track = track
+        self.head_deadline = head_deadline
+        self.body_deadline = body_deadline
+
+    def getResourceFor(self, request: Request) -> IResource:
+        if self.track is not None:
+            self.track(request)
+        return super().getResourceFor(request)
 
     def protocol(self) -> _GenericHTTPChannelProtocol:
         channel = PharosChannel()
@@ -130,25 +143,3 @@ class PublicSite(Site):
 
     def log(self, request: Any) -> None:
         """Nothing: twisted.web's access line is not Pharos's request log."""
-
-
-@implementer(IResource)
-class PathGuard(Resource):
-    """In front of the Klein resource: a path that is not valid percent-encoded UTF-8 gets a
-    JSON 400 (Klein answers text/html and logs a traceback for it)."""
-
-    isLeaf = True
-
-    def __init__(self, inner: Resource) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def render(self, request: Request) -> Any:
-        try:
-            extractURLparts(request)
-        except URLDecodeError:
-            request.setResponseCode(400)
-            request.setHeader(b"content-type", b"application/json")
-            return ApiError(400, "the URL is not valid percent-encoded UTF-8",
-                            code="bad_request").body(ollama=is_ollama_path(request.path))
-        return self.inner.render(request)

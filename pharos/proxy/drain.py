@@ -1,4 +1,4 @@
-"""Readiness and drain (spec §9): what makes restarts and rolling updates invisible to clients.
+"""Readiness and drain: what makes restarts and rolling updates invisible to clients.
 
 ``/healthz`` answers 503 until the state is restored and the first scrape round has finished
 (``Health``), and again from the first moment of a drain. ``Drain.run`` is the drain itself,
@@ -8,8 +8,8 @@ are closed and busy ones close after their reply; requests in flight get ``drain
 finish, and whatever is still running then is cut. The service tree does the rest (the
 Leaving delta, the last state-file write, exit: ``pharos.tap``).
 
-The public site's requests are tracked by ``Drain.wrap``, the outermost resource: one set
-insertion and one ``notifyFinish`` per request.
+The public site hands every request to ``Drain.track`` (``PublicSite``): one set insertion
+and one ``notifyFinish`` per request.
 """
 
 from __future__ import annotations
@@ -20,15 +20,19 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from klein import Klein
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.http import HTTPChannel
-from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request
 
 from pharos.config import DEFAULT_DRAIN_GRACE, DEFAULT_DRAIN_TIMEOUT
+from pharos.proxy.live import LiveConfig
+from pharos.proxy.site import add_error_handling, reply
+from pharos.sched import Scheduler
+from pharos.state.state import State
 
 log = Logger()
 
@@ -38,7 +42,7 @@ CUT_WAIT = 5.0
 
 class Health:
     """The lifecycle part of ``/healthz``: ``restored`` once the restore sources ran (a bare
-    ``PublicAPI`` starts restored), ``draining`` from the first moment of a drain."""
+    one starts restored), ``draining`` from the first moment of a drain."""
 
     def __init__(self, restored: bool = True) -> None:
         self.restored = restored
@@ -70,10 +74,6 @@ class Drain:
         self.closed = False
         #: Requests cut at the timeout (tests, the log).
         self.cut = 0
-
-    def wrap(self, inner: IResource) -> Resource:
-        """``inner`` with its requests tracked."""
-        return _Tracked(inner, self)
 
     def track(self, request: Request) -> None:
         """A request arrived: in flight until it finishes or its client goes."""
@@ -162,19 +162,35 @@ class Drain:
         return await fired
 
 
-class _Tracked(Resource):
-    """The public site's outermost resource: counts each request in flight."""
+class HealthPage:
+    """``GET /healthz``, no key needed: 503 until the state is restored and the first scrape
+    round has finished, so a load balancer never sends traffic blind; 503 from the first
+    moment of a drain; 503 again while requests wait and none has started (nor a lease been
+    given back) for ``timeouts.queue_stuck``: a wedged scheduler is unhealthy."""
 
-    isLeaf = True
+    app = Klein()
+    add_error_handling(app)
 
-    def __init__(self, inner: IResource, drain: Drain) -> None:
-        super().__init__()
-        self.inner = inner
-        self.drain = drain
+    def __init__(self, health: Health, state: State, sched: Scheduler, clock: IReactorTime,
+                 live: LiveConfig) -> None:
+        self.health = health
+        self.state = state
+        self.sched = sched
+        self.clock = clock
+        self.live = live
 
-    def render(self, request: Request) -> Any:
-        self.drain.track(request)
-        return self.inner.render(request)
+    @app.route("/healthz", methods=["GET", "HEAD"])
+    def healthz(self, request: Request) -> bytes:
+        why = self.health.status()
+        if why is not None:
+            return reply(request, 503, {"status": why})
+        if not self.state.ready:
+            return reply(request, 503, {"status": "starting"})
+        stuck = self.sched.stuck_for(self.clock.seconds())
+        if stuck is not None and stuck > self.live.now.config.timeouts.queue_stuck:
+            return reply(request, 503, {"status": "stuck", "waiting": self.sched.waiting,
+                                        "stuck_seconds": round(stuck, 1)})
+        return reply(request, 200, {"status": "ok"})
 
 
 def second_signal_ends(stopping: Callable[[], bool]) -> None:

@@ -1,4 +1,4 @@
-"""One client request through Pharos, from acquire to the last byte (DESIGN §4 steps 4-8).
+"""One client request through Pharos, from acquire to the last byte.
 
 An ``Exchange`` is the only owner of its request's lease. Each attempt takes a lease, sends
 the request, and either relays the reply or gives the lease back before trying again; ``run``'s
@@ -12,6 +12,7 @@ a refused connection, ``Inflight.backend_down``), when no first byte arrives wit
 family's ``timeouts.first_byte``, or when the engine answers 502, 503 or 504. A 500 is the
 request's own fault and reaches the client as the engine sent it. After the first byte there
 are no retries; an engine that dies or stalls (``timeouts.stream_idle``) cuts the client.
+Each attempt ends in a ``Step``; when to retry, and where, is ``Retries``'s alone.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Protocol
 
+import attr
+from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -35,8 +39,9 @@ from pharos.proxy import errors
 from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed
-from pharos.proxy.relay import EngineDied, Relay, Stalled, Tap, collect, response_headers
+from pharos.proxy.relay import EngineDied, Relay, Stalled, Tap, collect, response_headers, send
 from pharos.proxy.tap import StreamTap
+from pharos.proxy.unload import unload
 from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
 from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
@@ -44,14 +49,14 @@ from pharos.state.stats import MIN_REAL_LOAD_SEC, Sample
 
 log = Logger()
 
-#: Routes whose missing support an engine shows with a 404 (coding agents, spec §9).
+#: Routes whose missing support an engine shows with a 404 (coding agents).
 AGENT_ROUTES = frozenset({"/v1/messages", "/v1/responses"})
 EMBEDDING_ROUTES = frozenset({"/v1/embeddings", "/api/embed", "/api/embeddings"})
 #: Engine statuses another engine may answer better: retried once elsewhere before the first
 #: byte. 500 is not among them: it is the request's own fault far more often than the engine's.
 RETRY_STATUSES = frozenset({502, 503, 504})
 
-#: How an exchange ended (spec §13 ``upstream``).
+#: How an exchange ended (the ``upstream`` decisions).
 OK = "ok"
 ERROR_STATUS = "error_status"
 CONNECT_FAILED = "connect_failed"
@@ -59,24 +64,66 @@ DIED_MID_REPLY = "died_mid_reply"
 CLIENT_LEFT = "client_left"
 TIMED_OUT = "timed_out"
 PHAROS_ERROR = "pharos_error"
-#: An attempt given up for a retry elsewhere (spec §13 ``upstream``): the engine answered 503,
+#: An attempt given up for a retry elsewhere (``upstream``): the engine answered 503,
 #: or another 5xx (or 404 on a coding-agent route).
 BUSY_RETRIED = "busy_retried"
 ERROR_RETRIED = "error_retried"
 
-class Send(Protocol):
-    """Sends one attempt's body to a target's route; ``fresh`` asks for a new connection
-    (after a pooled one turned out dead: its idle siblings are likely as old)."""
+class Engine(Protocol):
+    """The engine leg of an attempt (``EngineLeg``)."""
 
-    def __call__(self, target: Target, path: str, body: bytes,
-                 fresh: bool = False) -> Deferred[IResponse]: ...
+    def send(self, target: Target, path: str, body: bytes,
+             fresh: bool = False) -> Deferred[IResponse]: ...
+
+    def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]: ...
+
+    def start_reply(self, request: Request, response: IResponse, target: Target,
+                    reason: str, lease: Lease | None = None) -> None: ...
 
 
-class Unload(Protocol):
-    """Asks a target's host to unload its models ``models`` (a cold load's victims, as the
-    host names them); fires when done, never fails (``pharos.proxy.unload``)."""
+class DecisionSink(Protocol):
+    """What the proxy asks of the decision log (``pharos.obs.decisions``; the proxy imports
+    no subscriber)."""
 
-    def __call__(self, target: Target, models: tuple[str, ...]) -> Deferred[int]: ...
+    def sampled(self, request_id: str) -> bool: ...
+
+    def decided(self, request_id: str, attempt: int, prompt_tokens: int, lease: Lease
+                ) -> None: ...
+
+
+@attr.s(auto_attribs=True, eq=False)
+class EngineLeg:
+    """What an attempt asks of the engines: ``send`` its body to a target's route (``fresh``:
+    on a new connection, closed after it, when a pooled one turned out dead), ``unload`` a
+    host's models first (a cold load's victims, as the host names them; fires when done,
+    never fails: ``pharos.proxy.unload``), and ``start_reply``: the engine's head on the
+    client's reply, with Pharos's own headers (the live map wraps it to see first bytes)."""
+
+    client: HTTPClient
+    fresh_client: HTTPClient
+    clock: IReactorTime
+
+    def send(self, target: Target, path: str, body: bytes,
+             fresh: bool = False) -> Deferred[IResponse]:
+        return send(self.fresh_client if fresh else self.client, target.backend.url + path,
+                    body)
+
+    def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
+        return unload(self.client, self.clock, target.backend.url, models)
+
+    def start_reply(self, request: Request, response: IResponse, target: Target,
+                    reason: str, lease: Lease | None = None) -> None:
+        engine_head(request, response.code, response_headers(response), target)
+        request.setHeader(b"x-pharos-reason", reason.encode("ascii", "replace")[:512])
+        if lease is not None:
+            if lease.policy:
+                request.setHeader(b"x-pharos-policy", lease.policy.encode())
+            if lease.chain:
+                request.setHeader(b"x-pharos-predicted-cached-tokens",
+                                  str(lease.predicted_tokens).encode())
+            if lease.est_ttft is not None:
+                request.setHeader(b"x-pharos-estimated-ttft-ms",
+                                  f"{lease.est_ttft * 1000:.1f}".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,37 +171,100 @@ class Inflight:
             ex.abandon(f"{backend.url} went down: {why}", timed_out=False)
 
 
+class Step(Enum):
+    """How an attempt ended: replied, retried on the same target or elsewhere, given up."""
+
+    REPLIED = "replied"
+    SAME = "same"
+    ELSEWHERE = "elsewhere"
+    GIVE_UP = "give_up"
+
+
+REPLIED, SAME, ELSEWHERE, GIVE_UP = Step.REPLIED, Step.SAME, Step.ELSEWHERE, Step.GIVE_UP
+
+
+class Retries:
+    """The retry policy, in one place. Before a byte reaches the client an attempt may be
+    tried again: once more on a new connection after a dead pooled one (the engine had
+    closed it: nothing was answered, and Twisted retries only idempotent requests,
+    twisted#7843; its idle siblings are as old), and once on another target after a failed
+    connection, a backend going down, a late first byte, or a status in ``RETRY_STATUSES``
+    (404 on a coding-agent route). It also keeps what giving up answers: the last engine
+    reply kept (``refused``) and the last failure."""
+
+    __slots__ = ("elsewhere_left", "failed", "refused", "same_left", "timed_out", "tried")
+
+    def __init__(self) -> None:
+        self.same_left = 1
+        self.elsewhere_left = 1
+        self.tried: set[int] = set()
+        self.refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
+        self.failed: str | None = None
+        self.timed_out = False
+
+    @property
+    def retrying(self) -> bool:
+        """A retry is under way (it goes to the front of the queue)."""
+        return not (self.same_left and self.elsewhere_left)
+
+    @property
+    def fresh(self) -> bool:
+        """Send on a new connection (a pooled one turned out dead)."""
+        return not self.same_left
+
+    def retried_status(self, path: str, code: int) -> bool:
+        """Whether an engine's ``code`` is retried elsewhere (while that retry is left)."""
+        return bool(self.elsewhere_left) and (
+            code in RETRY_STATUSES or (path in AGENT_ROUTES and code == 404))
+
+    def same(self) -> bool:
+        """A dead pooled connection: whether the request is sent once more."""
+        if self.same_left:
+            self.same_left -= 1
+            return True
+        return False
+
+    def elsewhere(self, target: Target) -> Step:
+        """The attempt on ``target`` ended without a reply: the next goes elsewhere, or
+        the exchange gives up."""
+        self.tried.add(target.id)
+        if self.elsewhere_left:
+            self.elsewhere_left -= 1
+            return ELSEWHERE
+        return GIVE_UP
+
+
 class Exchange:
     """One request's attempts; ``run`` returns when the reply ended or raises the route's
     error (an ``ApiError``, or ``CancelledError`` once the client is gone)."""
 
     def __init__(self, request: Request, parsed: Parsed, path: str, kind: str | None, *,
-                 sched: Scheduler, state: State, send: Send, clock: IReactorTime,
+                 sched: Scheduler, state: State, engine: Engine, clock: IReactorTime,
                  limits: Limits, inflight: Inflight, session: int | None,
-                 start_reply: Callable[[Request, IResponse, Target, str, Lease | None], None],
-                 who: Identity = OPEN,
-                 on_lease: Callable[[Lease], None] | None = None,
-                 unload: Unload | None = None) -> None:
+                 who: Identity = OPEN, policy: PolicyConfig | None = None,
+                 capture: Callable[[StreamTap], Tap] | None = None,
+                 decision_log: DecisionSink | None = None, request_id: str = "") -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
         self.kind = kind
         self.sched = sched
         self.state = state
-        self.send = send
+        self.engine = engine
         self.clock = clock
         self.limits = limits
         self.inflight = inflight
         self.session = session
-        self.start_reply = start_reply
         self.who = who
-        self.on_lease = on_lease  # told of each lease taken (the decision log)
-        self.unload = unload  # asks a host to unload a cold load's victims first
+        #: The policy routing it (its model's or its split arm's); None: the scheduler's.
+        self.policy = policy
         #: Wraps each attempt's tap (a store-eligible /v1/responses request's capture,
         #: ``pharos.proxy.conversation``); None for every other request.
-        self.capture: Callable[[StreamTap], Tap] | None = None
-        #: The policy routing it (its model's or its split arm's); None: the scheduler's.
-        self.policy: PolicyConfig | None = None
+        self.capture = capture
+        #: The decision log, told of each lease taken when it samples this request.
+        self.request_id = request_id
+        self.decision_log = (decision_log if decision_log is not None
+                             and decision_log.sampled(request_id) else None)
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -179,6 +289,7 @@ class Exchange:
         self.queue_wait = 0.0
         self.queue_wait_before_send = 0.0
         self.first_sent: float | None = None
+        self.sent_at = 0.0  # when the current attempt's lease was granted
         self._sent = False  # an attempt was sent and has no upstream outcome yet
 
     def _upstream(self, outcome: str) -> None:
@@ -193,8 +304,9 @@ class Exchange:
         assert self.lease is None, "an exchange holds one lease at a time"
         self.lease = lease
         self.inflight.add(lease.target.backend, self)
-        if self.on_lease is not None:
-            self.on_lease(lease)
+        if self.decision_log is not None:
+            self.decision_log.decided(self.request_id, self.attempts + 1,
+                                      self.parsed.prompt_tokens, lease)
 
     def _drop(self, sample: Sample | None = None) -> None:
         """Give back the lease held, if any (the only place a lease is released)."""
@@ -289,156 +401,163 @@ class Exchange:
     # --- the attempts ----------------------------------------------------------------------
 
     async def _attempts(self) -> None:
-        parsed, path = self.parsed, self.path
+        """Attempt after attempt, each ending replied, retried (on the same target or
+        elsewhere, as ``Retries`` decides) or given up; then the give-up's reply."""
+        parsed = self.parsed
         req = SchedRequest(parsed.model, parsed.prompt_tokens, self.sched.seed(), kind=self.kind,
                            chain=parsed.chain, session=self.session,
                            output_tokens=parsed.max_tokens, policy=self.policy,
                            stream=parsed.stream)
-        who = self.who
-        tried: set[int] = set()
-        refused: tuple[int, list[tuple[bytes, list[bytes]]], bytes, Target] | None = None
-        failure: str | None = None
-        timed_out = False
-        elsewhere = 0  # retries on another target used (at most one)
-        stale_retry = True  # one retry on the same target after a dead pooled connection
-        while True:
+        retries = Retries()
+        step = SAME
+        while step is SAME or step is ELSEWHERE:
             self._check()
-            retrying = elsewhere > 0 or not stale_retry
-            decisions = self.decisions
-            asked_at = self.clock.seconds()
-            try:
-                lease = await self._wait(self.sched.acquire(
-                    who.name, who.weight, replace(req, exclude=frozenset(tried)),
-                    front=retrying, tenant=who.tenant, tenant_weight=who.tenant_weight))
-            except UnknownModel:
-                decisions.append(("route", "unknown_model"))
-                if retrying:
-                    break
-                raise errors.unknown_model(parsed.model) from None
-            except Unavailable:
-                decisions.append(("route", "unavailable"))
-                if retrying:
-                    break
-                raise errors.unavailable(parsed.model) from None
-            except QueueFull:
-                decisions.append(("route", "queue_full"))
-                raise errors.queue_full() from None
-            except CancelledError:
-                decisions.append(("route", "client_left"))
+            lease = await self._acquire(req, retries)
+            step = GIVE_UP if lease is None else await self._attempt(lease, retries)
+        if step is GIVE_UP:
+            self._give_up(retries)
+
+    async def _acquire(self, req: SchedRequest, retries: Retries) -> Lease | None:
+        """The next attempt's lease (a retry at the front of the queue, never on a target
+        tried); None when a retry finds no target left."""
+        who, decisions = self.who, self.decisions
+        asked_at = self.clock.seconds()
+        try:
+            lease = await self._wait(self.sched.acquire(
+                who.name, who.weight, replace(req, exclude=frozenset(retries.tried)),
+                front=retries.retrying, tenant=who.tenant, tenant_weight=who.tenant_weight))
+        except UnknownModel:
+            decisions.append(("route", "unknown_model"))
+            if retries.retrying:
+                return None
+            raise errors.unknown_model(self.parsed.model) from None
+        except Unavailable:
+            decisions.append(("route", "unavailable"))
+            if retries.retrying:
+                return None
+            raise errors.unavailable(self.parsed.model) from None
+        except QueueFull:
+            decisions.append(("route", "queue_full"))
+            raise errors.queue_full() from None
+        except CancelledError:
+            decisions.append(("route", "client_left"))
+            raise
+        self._take(lease)
+        self.sent_at = self.clock.seconds()
+        self.attempts += 1
+        if lease.waited:  # granted at once: the pick's time is Pharos's own (overhead)
+            self.queue_wait += self.sent_at - asked_at
+        decisions.append(("route", lease.decision.why or "only_choice"))
+        decisions.append(("queue", "waited" if lease.waited else "immediate"))
+        return lease
+
+    async def _attempt(self, lease: Lease, retries: Retries) -> Step:
+        """Send on ``lease`` and relay the reply (REPLIED), or, when no byte reached the
+        client, what ``retries`` makes of the failure."""
+        self._check()
+        target, sent_at = lease.target, self.sent_at
+        if self.first_sent is None:
+            self.first_sent = sent_at
+            self.queue_wait_before_send = self.queue_wait
+        self._sent = True
+        self._arm()
+        try:
+            if lease.unload:
+                # Pharos chose what the load pushes out (``Lease.unload``): that goes first,
+                # or the host picks its own (its first-byte timer runs meanwhile).
+                accepted = await self._wait(self.engine.unload(target, lease.unload))
+                self.decisions.append(("load", "victims_unloaded" if accepted == len(
+                    lease.unload) else "unload_failed"))
+            response = await self._wait(self.engine.send(
+                target, self.path, self.parsed.forward_body(target.served),
+                fresh=retries.fresh))
+        except Exception as e:
+            return self._not_sent(e, target, retries)
+        if retries.retried_status(self.path, response.code):
+            return await self._busy(response, lease, retries)
+        retries.tried.add(target.id)
+        if self.path == "/v1/messages" and response.code >= 400:
+            await self._anthropic_error(response, lease)
+            return REPLIED
+        try:
+            await self._relay_reply(response, lease, sent_at)
+        except _Abandoned as a:
+            self._drop()
+            return self._lost(a, target, retries)
+        return REPLIED
+
+    def _not_sent(self, e: Exception, target: Target, retries: Retries) -> Step:
+        """The attempt failed before the engine's headers: abandoned (its backend went down,
+        its first byte late), a dead pooled connection, or a failed connection."""
+        abandoned = self._abandoned
+        self._drop()
+        if self.gone:
+            raise CancelledError() from None
+        if abandoned is not None:
+            return self._lost(abandoned, target, retries)
+        if isinstance(e, CancelledError):
+            raise e
+        if _stale(e) and retries.same():
+            self._sent = False  # not an upstream outcome of its own
+            return SAME
+        self._upstream(CONNECT_FAILED)
+        if _refused(e):
+            self.state.eject(target.backend)
+            self.inflight.backend_down(target.backend, "connection refused")
+        retries.failed = f"{target.backend.url}: {_describe(e)}"
+        retries.timed_out = False
+        self.outcome = CONNECT_FAILED
+        log.warn("{url} failed before replying: {why}", url=target.backend.url,
+                 why=_describe(e))
+        return retries.elsewhere(target)
+
+    def _lost(self, a: _Abandoned, target: Target, retries: Retries) -> Step:
+        """The attempt was abandoned before its first byte."""
+        retries.failed, retries.timed_out = str(a), a.timed_out
+        self._upstream(TIMED_OUT if a.timed_out else CONNECT_FAILED)
+        log.warn("{why}; retrying elsewhere", why=retries.failed)
+        return retries.elsewhere(target)
+
+    async def _busy(self, response: IResponse, lease: Lease, retries: Retries) -> Step:
+        """A status another engine may answer better: the reply is kept for the give-up and
+        the request goes elsewhere."""
+        try:
+            body = await self._wait(collect(response))
+        except CancelledError:
+            self._drop()
+            if self.gone:
                 raise
-            self._take(lease)
-            sent_at = self.clock.seconds()
-            self.attempts += 1
-            if lease.waited:  # granted at once: the pick's time is Pharos's own (overhead)
-                self.queue_wait += sent_at - asked_at
-            decisions.append(("route", lease.decision.why or "only_choice"))
-            decisions.append(("queue", "waited" if lease.waited else "immediate"))
-            self._check()
-            target = lease.target
-            if self.first_sent is None:
-                self.first_sent = sent_at
-                self.queue_wait_before_send = self.queue_wait
-            self._sent = True
-            self._arm()
-            try:
-                if lease.unload and self.unload is not None:
-                    # Pharos chose what the load pushes out (``Lease.unload``): that goes
-                    # first, or the host picks its own (its first-byte timer runs meanwhile).
-                    accepted = await self._wait(self.unload(target, lease.unload))
-                    decisions.append(("load", "victims_unloaded" if accepted == len(
-                        lease.unload) else "unload_failed"))
-                response = await self._wait(self.send(
-                    target, path, parsed.forward_body(target.served), fresh=not stale_retry))
-            except Exception as e:
-                abandoned = self._abandoned
-                self._drop()
-                if self.gone:
-                    raise CancelledError() from None
-                if abandoned is not None:
-                    failure, timed_out = str(abandoned), abandoned.timed_out
-                    self._upstream(TIMED_OUT if timed_out else CONNECT_FAILED)
-                    log.warn("{why}; retrying elsewhere", why=failure)
-                elif isinstance(e, CancelledError):
-                    raise
-                elif _stale(e) and stale_retry:
-                    # The engine had closed the pooled connection: nothing was answered, and
-                    # Twisted retries only idempotent requests (twisted#7843). Once more, on a
-                    # new connection to the same target (its other idle connections are as old
-                    # and may be as dead; not an upstream outcome of its own).
-                    self._sent = False
-                    stale_retry = False
-                    continue
-                else:
-                    self._upstream(CONNECT_FAILED)
-                    if _refused(e):
-                        self.state.eject(target.backend)
-                        self.inflight.backend_down(target.backend, "connection refused")
-                    failure, timed_out = f"{target.backend.url}: {_describe(e)}", False
-                    self.outcome = CONNECT_FAILED
-                    log.warn("{url} failed before replying: {why}", url=target.backend.url,
-                             why=_describe(e))
-                tried.add(target.id)
-                if elsewhere:
-                    break
-                elsewhere += 1
-                continue
-            tried.add(target.id)
-            retry = response.code in RETRY_STATUSES or (
-                path in AGENT_ROUTES and response.code == 404)
-            if retry and not elsewhere:
-                try:
-                    body = await self._wait(collect(response))
-                except CancelledError:
-                    self._drop()
-                    if self.gone:
-                        raise
-                    body = b""
-                self._drop(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
-                                  duration_sec=None))
-                self._check()
-                refused = (response.code, response_headers(response), body, target)
-                self._upstream(BUSY_RETRIED if response.code == 503 else ERROR_RETRIED)
-                if response.code != 503:
-                    log.warn("{url} answered {code}, retrying elsewhere: {msg}",
-                             url=target.backend.url, code=response.code, msg=_message(body))
-                elsewhere += 1
-                continue
-            if path == "/v1/messages" and response.code >= 400:
-                await self._anthropic_error(response, lease)
-                return
-            try:
-                await self._relay_reply(response, lease, sent_at)
-                return
-            except _Abandoned as a:
-                self._drop()
-                failure, timed_out = str(a), a.timed_out
-                self._upstream(TIMED_OUT if timed_out else CONNECT_FAILED)
-                log.warn("{why}; retrying elsewhere", why=failure)
-                if elsewhere:
-                    break
-                elsewhere += 1
-                continue
-        if refused is not None:
-            code, headers, body, target = refused
+            body = b""
+        self._drop(Sample(ok=False, dispatched_cold=lease.cold, ttft_sec=None,
+                          duration_sec=None))
+        self._check()
+        target = lease.target
+        retries.refused = (response.code, response_headers(response), body, target)
+        self._upstream(BUSY_RETRIED if response.code == 503 else ERROR_RETRIED)
+        if response.code != 503:
+            log.warn("{url} answered {code}, retrying elsewhere: {msg}",
+                     url=target.backend.url, code=response.code, msg=_message(body))
+        return retries.elsewhere(target)
+
+    def _give_up(self, retries: Retries) -> None:
+        """No attempt replied: the kept engine reply if there is one, else 504 when the last
+        failure was a late first byte, else 502."""
+        if retries.refused is not None:
+            code, headers, body, target = retries.refused
+            path = self.path
             if path in AGENT_ROUTES and code == 404:
                 raise ApiError(400, f"{path} is not served by {target.backend.url}",
                                code="route_not_served")
             self.outcome = ERROR_STATUS
-            request = self.request
-            request.setResponseCode(code)
-            ours = request.responseHeaders.getRawHeaders(b"x-request-id")
-            for k, vs in headers:
-                request.responseHeaders.setRawHeaders(k, vs)
-            if ours:  # the request's id, not the engine's
-                request.responseHeaders.setRawHeaders(b"x-request-id", ours)
-            request.setHeader(b"x-pharos-backend", target.backend.url.encode())
-            request.write(body)
+            engine_head(self.request, code, headers, target)
+            self.request.write(body)
             return
-        if timed_out:
+        if retries.timed_out:
             self.outcome = TIMED_OUT
-            raise errors.upstream(f"no first byte from any backend: {failure}", status=504)
+            raise errors.upstream(f"no first byte from any backend: {retries.failed}",
+                                  status=504)
         self.outcome = self.outcome or CONNECT_FAILED
-        raise errors.upstream(f"no backend answered: {failure}")
+        raise errors.upstream(f"no backend answered: {retries.failed}")
 
     def _replied(self, lease: Lease) -> None:
         """The lease whose reply goes to the client (its reason and estimate are Done's)."""
@@ -464,7 +583,7 @@ class Exchange:
         if not (isinstance(doc, dict) and doc.get("type") == "error"):
             body = ApiError(response.code, _message(body)).body(ollama=False, anthropic=True)
         request = self.request
-        self.start_reply(request, response, lease.target, lease.decision.reason, lease)
+        self.engine.start_reply(request, response, lease.target, lease.decision.reason, lease)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(body))
         request.write(body)
@@ -487,7 +606,7 @@ class Exchange:
             self._replied(lease)
             self._cancel_timer()
             first.append(self.clock.seconds())
-            self.start_reply(request, response, target, lease.decision.reason, lease)
+            self.engine.start_reply(request, response, target, lease.decision.reason, lease)
             length = response.length
             if unchanged and isinstance(length, int):
                 request.setHeader(b"content-length", str(length).encode())
@@ -541,6 +660,19 @@ class Exchange:
             control=self.parsed.control,
             prefill_window_sec=lease.prefill_window_sec,
         )
+
+
+def engine_head(request: Request, code: int, headers: list[tuple[bytes, list[bytes]]],
+                target: Target) -> None:
+    """The engine's status and headers on the client's reply, with the request's own id
+    (not the engine's) and the backend that answered."""
+    request.setResponseCode(code)
+    ours = request.responseHeaders.getRawHeaders(b"x-request-id")
+    for k, vs in headers:
+        request.responseHeaders.setRawHeaders(k, vs)
+    if ours:
+        request.responseHeaders.setRawHeaders(b"x-request-id", ours)
+    request.setHeader(b"x-pharos-backend", target.backend.url.encode())
 
 
 def _refused(e: Exception) -> bool:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
+import attr
+from twisted.application import strports
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 
 from pharos.config import Backend, Config, Listen
+from pharos.service import PharosService
 from pharos.sim.double import EngineDouble, start_double
-
-if TYPE_CHECKING:
-    from pharos.tap import PharosService
 
 #: Where the demo listens.
 DEMO_LISTEN = "127.0.0.1:8090"
@@ -83,34 +83,31 @@ class ReadyHint(Service):
         return result
 
 
-def demo_service(reactor: Any, config: Config | None = None) -> IService:
-    """The demo's service tree; ``config`` (optional) supplies anything but the backends."""
-    from pharos.tap import build
-
+def demo_service(reactor: IReactorTime, config: Config | None = None,
+                 own_process: bool = False) -> IService:
+    """The demo's service tree; ``config`` (optional) supplies anything but the backends;
+    ``own_process``: twistd runs it (``PharosService.from_config``)."""
     doubles: list[EngineDouble] = []
     ports: list[IListeningPort] = []
     backends: list[Backend] = []
+    tcp = IReactorTCP(reactor)
     for seed in (0, 1):
-        d, p = start_double("ollama", reactor, host_memory=int(HOST_GB * 1e9), slots=2,
+        d, p = start_double("ollama", tcp, host_memory=int(HOST_GB * 1e9), slots=2,
                             seed=seed, **KNOBS)
         doubles.append(d)
         ports.append(p)
         backends.append(Backend(url=d.url, kind="ollama", memory_gb=HOST_GB, capacity=2))
-    d, p = start_double("vllm", reactor, slots=8, **KNOBS)
+    d, p = start_double("vllm", tcp, slots=8, **KNOBS)
     doubles.append(d)
     ports.append(p)
     backends.append(Backend(url=d.url, kind="vllm"))
     base = config or Config(listen=Listen(DEMO_LISTEN))
     cfg = dataclasses.replace(base, backends=tuple(backends))
-    top = _Demo()
-    top.fleet = SimulatedFleet(doubles, ports)
-    top.fleet.setServiceParent(top)
-    top.pharos = build(cfg, reactor)
-    top.pharos.setServiceParent(top)
-    ReadyHint(top.pharos).setServiceParent(top)  # started after Pharos: ``starting`` is set
-    return top
+    return _Demo(SimulatedFleet(doubles, ports), PharosService.from_config(
+        reactor, cfg, listen=strports.service, own_process=own_process))
 
 
+@attr.s(auto_attribs=True, eq=False)
 class _Demo(MultiService):
     """The demo's top: on stop, Pharos drains in front of a live fleet, and only then do the
     engine doubles stop (MultiService would stop them at once, and Pharos would report its
@@ -118,6 +115,12 @@ class _Demo(MultiService):
 
     fleet: SimulatedFleet
     pharos: PharosService
+
+    def __attrs_post_init__(self) -> None:
+        MultiService.__init__(self)
+        self.fleet.setServiceParent(self)
+        self.pharos.setServiceParent(self)
+        ReadyHint(self.pharos).setServiceParent(self)  # started after Pharos: ``starting`` set
 
     def stopService(self) -> Deferred[None]:
         Service.stopService(self)

@@ -71,6 +71,7 @@ class State:
         fetch_timeout: float = 0.8,
         on_round: Callable[[BackendState], None] | None = None,
         on_down: Callable[[BackendState, str], None] | None = None,
+        on_decision: Callable[[BackendState, str, str], None] | None = None,
         fetcher_for: Callable[[BackendSpec], Fetcher] | None = None,
         log_feed_for: FeedFactory | None = None,
     ) -> None:
@@ -87,7 +88,7 @@ class State:
         self.on_down = on_down
         #: Told of each background decision (spec §13 ``resolve``, ``scrape``,
         #: ``generation``) as (backend, stage, outcome): metrics count them.
-        self.on_decision: Callable[[BackendState, str, str], None] | None = None
+        self.on_decision = on_decision
         if fetcher_for is None:
             assert client is not None, "a client or a fetcher factory"
             http = client

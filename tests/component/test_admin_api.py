@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 
 from pharos.config import Key, load_config
 from pharos.proxy.auth import digest
-from pharos.tap import PharosService, public_site
+from pharos.service import PharosService
 from tests.support.capture_server import close, serve
 from tests.support.fleet import Fleet, start_fleet
 
@@ -179,9 +179,10 @@ async def test_the_files_next_change_replaces_a_patch(tmp_path: Path) -> None:
     path = tmp_path / "pharos.yaml"
     path.write_text(f"listen: 127.0.0.1:0\npolicy: cost\nkeys: [{{name: ops, sha256: "
                     f"{digest(ADMIN)}, admin: true}}]\n")
-    top = PharosService(load_config(path), reactor, load_interval=0.1, config_path=str(path))
+    top = PharosService.from_config(reactor, load_config(path), load_interval=0.1,
+                                     config_path=str(path))
     top.startService()
-    port, url = serve(public_site(top))
+    port, url = serve(top.site)
     f = Fleet([], top, url, HTTPConnectionPool(reactor, persistent=False), [port])
     try:
         code, doc, _ = await call(f, "PATCH", "/admin/config", ADMIN, {"policy": "p2c"})

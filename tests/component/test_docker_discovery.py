@@ -33,9 +33,9 @@ from pharos.discovery.docker import DockerAPI, DockerDiscovery, DockerLogFeed
 from pharos.discovery.logfile import feed_for
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import Fetcher
+from pharos.service import PharosService
 from pharos.sim.double import start_double
 from pharos.state.state import State
-from pharos.tap import PharosService, public_site
 from tests.support.capture_server import serve
 from tests.support.fake_docker import FakeDocker
 from tests.support.fleet import FAST, Fleet, eventually, sleep, within
@@ -350,9 +350,9 @@ async def test_pharos_routes_to_a_labelled_container_and_reads_its_log(rig: Rig)
     for line in lines:
         rig.fake.write_log(c, line, stream=2)  # Ollama logs on stderr
     cfg = Config(listen=Listen("127.0.0.1:0"))
-    top = PharosService(cfg, reactor, load_interval=0.1, docker_socket=rig.path)
+    top = PharosService.from_config(reactor, cfg, load_interval=0.1, docker_socket=rig.path)
     top.startService()
-    listening, url = serve(public_site(top))
+    listening, url = serve(top.site)
     fleet = Fleet([double], top, url, HTTPConnectionPool(reactor, persistent=False),
                   [port, listening])
     try:

@@ -105,9 +105,9 @@ async def test_a_burst_of_concurrent_requests_keeps_its_engine_connections() -> 
     next: 96 connections here, one new connection every two requests under a steady load of
     64 clients)."""
     from pharos.config import Config
-    from pharos.tap import PharosService
+    from pharos.service import PharosService
 
-    top = PharosService(Config(), reactor)
+    top = PharosService.from_config(reactor, Config())
     engine = HeldEngine()
     port, base = serve(engine)
     try:

@@ -146,9 +146,11 @@ async def test_every_reply_carries_the_origin(pair: Pair) -> None:
 @pytest_twisted.ensureDeferred
 async def test_a_config_with_peers_builds_a_service_with_a_peer_listener(
         tmp_path: Path) -> None:
-    """tap.build with a peers section adds the peer node and its listener: the peer site
+    """A service with a peers section adds the peer node and its listener: the peer site
     answers with the instance's origin, and the scheduler hands prefix ops to the node."""
-    from pharos.tap import build
+    from twisted.application import strports
+
+    from pharos.service import PharosService
 
     secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
@@ -157,7 +159,7 @@ async def test_a_config_with_peers_builds_a_service_with_a_peer_listener(
     port = int(probe[1].rsplit(":", 1)[1])
     config = parse_config(f"listen: '127.0.0.1:0'\npeers: {{secret_file: {secret}, "
                           f"listen: '127.0.0.1:{port}', members: ['127.0.0.1:{port}']}}\n")
-    top = build(config, reactor)
+    top = PharosService.from_config(reactor, config, listen=strports.service)
     assert top.peer_node is not None
     assert top.sched.on_prefix == top.peer_node.push
     assert top.on_leaving == [top.peer_node.leave]

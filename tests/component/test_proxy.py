@@ -6,6 +6,7 @@ import json
 import socket
 from typing import Any
 
+import attr
 import pytest
 import pytest_twisted
 import treq
@@ -354,8 +355,9 @@ async def test_dead_pooled_connection_is_retried_on_the_same_engine() -> None:
     """A POST lost on a connection the engine had closed is sent again on a fresh one: the
     client gets its answer, even with one backend, and the engine is not ejected."""
     fleet = await start_fleet([("vllm", {}, {"kind": "vllm"})])
-    shim = StaleOnce(fleet.pharos.public.client)
-    fleet.pharos.public.client = shim  # type: ignore[assignment]
+    engine = fleet.pharos.public.engine
+    shim = StaleOnce(engine.client)
+    fleet.pharos.public.engine = attr.evolve(engine, client=shim)  # type: ignore[arg-type]
     try:
         r = await fleet.chat("tiny")
         await r.content()

@@ -30,8 +30,8 @@ from zope.interface import implementer
 
 from pharos.config import load_config
 from pharos.proxy.auth import digest
+from pharos.service import PharosService
 from pharos.sim.double import EngineDouble, start_double
-from pharos.tap import PharosService, public_site
 from tests.support.capture_server import close, serve
 from tests.support.fleet import FAST, eventually, within
 from tests.support.twistd import TWISTD, free_port, wait_healthy
@@ -109,10 +109,10 @@ async def start(tmp_path: Path) -> Reloading:
         ports.append(port)
     r = Reloading(tmp_path / "pharos.yaml", None, "", doubles, ports)  # type: ignore[arg-type]
     r.write(["vllm", "ollama"], [key("ops", ADMIN, admin=True), key("alice", ALICE)])
-    top = PharosService(load_config(r.path), reactor, load_interval=0.1,
-                        config_path=str(r.path))
+    top = PharosService.from_config(reactor, load_config(r.path), load_interval=0.1,
+                                    config_path=str(r.path))
     top.startService()
-    listening, r.url = serve(public_site(top))
+    listening, r.url = serve(top.site)
     r.pharos = top
     ports.append(listening)
     await top.state.when_ready()

@@ -1,7 +1,6 @@
-"""Layer 3: ``/status`` (issue 12 item 2) over loopback, served by the pages' own resource in
-front of the public app (independent of the final wiring): every backend with its plan, the
+"""Layer 3: ``/status`` over loopback, served by the public site: every backend with its plan, the
 targets' signals with unknown shown as unknown, the last requests and usage by key, the
-admin check, escaping of names clients choose, and no prompt text (item 8)."""
+admin check, escaping of names clients choose, and no prompt text."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from twisted.web.http_headers import Headers
 
 from pharos.config import Backend, Config, Listen
 from pharos.sched import Scheduler
-from pharos.tap import PharosService, public_site
+from pharos.service import PharosService
 from tests.support.capture_server import close, serve
 from tests.support.fleet import eventually
 
@@ -71,8 +71,8 @@ async def front(url: str, kind: str, load_interval: float = 0.5) -> Front:
     """Start Pharos in front of the engine at ``url`` and wait for its first round; rounds
     every ``load_interval`` s (half the default, so tests learn sooner)."""
     config = Config(listen=Listen("127.0.0.1:0"), backends=(Backend(url=url, kind=kind),))  # type: ignore[arg-type]
-    pharos = PharosService(config, reactor, load_interval=load_interval)
+    pharos = PharosService.from_config(reactor, config, load_interval=load_interval)
     pharos.startService()
-    listening, base = serve(public_site(pharos))
+    listening, base = serve(pharos.site)
     await pharos.state.when_ready()
     return Front(pharos, base, listening, HTTPConnectionPool(reactor, persistent=False))

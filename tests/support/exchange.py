@@ -151,16 +151,24 @@ class Rig:
         parsed = parse(BODY, "/v1/chat/completions")
         holder: list[Exchange] = []
 
-        def send(target: Target, path: str, body: bytes, fresh: bool = False) -> Deferred[Any]:
-            self.fresh.append(fresh)
-            return self.send(target, holder[0])
+        rig = self
+
+        class Engine:
+            def send(self, target: Target, path: str, body: bytes,
+                     fresh: bool = False) -> Deferred[Any]:
+                rig.fresh.append(fresh)
+                return rig.send(target, holder[0])
+
+            def unload(self, target: Target, models: tuple[str, ...]) -> Deferred[int]:
+                raise AssertionError("no cold load here")
+
+            def start_reply(self, req: Request, resp: Any, target: Target, reason: str,
+                            lease: Any = None) -> None:
+                req.setResponseCode(resp.code)
 
         ex = Exchange(request, parsed, "/v1/chat/completions", None, sched=self.sched,
-                      state=self.state, send=send, clock=self.clock, limits=LIMITS,
-                      inflight=self.inflight, session=None,
-                      start_reply=lambda req, resp, t, reason, lease: req.setResponseCode(
-                          resp.code),
-                      who=Identity("k"))
+                      state=self.state, engine=Engine(), clock=self.clock, limits=LIMITS,
+                      inflight=self.inflight, session=None, who=Identity("k"))
         holder.append(ex)
         d = ensureDeferred(ex.run())
         d.addErrback(lambda _: None)

@@ -17,8 +17,8 @@ from twisted.web.http_headers import Headers
 
 from pharos.config import Backend as BackendSpec
 from pharos.config import Config, Listen, Timeouts
+from pharos.service import PharosService
 from pharos.sim.double import EngineDouble, start_double
-from pharos.tap import PharosService, public_site
 from tests.support.capture_server import close, serve
 
 #: Fast doubles: tests wait on events, not on the latency model.
@@ -73,9 +73,9 @@ async def start_fleet(engines: Sequence[tuple[str, dict[str, Any], dict[str, Any
     specs.extend(BackendSpec(url=u) for u in extra)
     cfg = Config(listen=Listen("127.0.0.1:0"), policy=policy,  # type: ignore[arg-type]
                  backends=tuple(specs), timeouts=timeouts or Timeouts(), **config)
-    top = PharosService(cfg, reactor, load_interval=0.1)
+    top = PharosService.from_config(reactor, cfg, load_interval=0.1)
     top.startService()
-    listening, url = serve(public_site(top))
+    listening, url = serve(top.site)
     ports.append(listening)
     await top.state.when_ready()
     pool = HTTPConnectionPool(reactor, persistent=False)

@@ -9,12 +9,10 @@ from typing import Any
 import treq
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.http_headers import Headers
-from twisted.web.server import Site
 
 from pharos.config import Key
-from pharos.obs.pages import Pages, mount, with_pages
+from pharos.obs.pages import Pages
 from pharos.proxy.auth import digest
-from pharos.proxy.channel import PathGuard
 from tests.support.capture_server import close, serve
 from tests.support.fleet import Fleet, start_fleet
 
@@ -68,7 +66,5 @@ async def start_pages(keys: tuple[Key, ...] = KEYS, **config: Any) -> PagesRig:
                                ("vllm", {"seed": 1}, {"kind": "vllm"}),
                                ("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
                               keys=keys, **config)
-    # The pages the service mounted itself once wired in tap.py, else mounted here.
-    pages = getattr(fleet.pharos, "pages", None) or mount(fleet.pharos.public, fleet.pharos)
-    port, url = serve(Site(PathGuard(with_pages(fleet.pharos.public.app.resource(), pages))))
-    return PagesRig(fleet, pages, url, port)
+    port, url = serve(fleet.pharos.site)
+    return PagesRig(fleet, fleet.pharos.pages, url, port)

@@ -16,7 +16,7 @@ from pharos.config import Config
 from pharos.config import Drain as DrainConfig
 from pharos.peer.statefile import in_place, read_snapshot
 from pharos.proxy.drain import Drain, Health
-from pharos.tap import PharosService
+from pharos.service import PharosService
 
 
 class FakeTransport:
@@ -147,11 +147,11 @@ def test_service_start_restores_before_opening_and_stops_in_order(tmp_path: Path
     path = tmp_path / "pharos.state"
     config = dataclasses.replace(Config(), state_file=str(path),
                                  drain=DrainConfig(grace=5.0, timeout=600.0))
-    top = PharosService(config, clock)
+    events: list[str] = []
+    top = PharosService.from_config(clock, config,
+                                    listen=lambda description, site: FakeListener(events))
     assert top.state_file is not None
     top.state_file.in_thread = in_place
-    events: list[str] = []
-    top.public_listener = FakeListener(events)
     gate: Deferred[None] = Deferred()
 
     def peers_pull() -> Deferred[None]:

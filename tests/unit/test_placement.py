@@ -544,14 +544,14 @@ def test_the_rules_parameters_in_config() -> None:
     """``routing.replica_utilization``, ``load_wait_bound`` and ``swap_grouping`` reach the
     scheduler's rule; out of range or unknown, the error names the field."""
     from pharos.config import ConfigError, parse_config
-    from pharos.tap import _routing
+    from pharos.service import routing
 
     cfg = parse_config("routing:\n  replica_utilization: 0.5\n  load_wait_bound: 1m\n"
                        "  swap_grouping: false\n")
-    assert _routing(cfg)[1].placement == ReplicaRule(0.5, 60.0, False)
+    assert routing(cfg)[1].placement == ReplicaRule(0.5, 60.0, False)
     off = parse_config("routing:\n  replica_utilization: null\n")
-    assert _routing(off)[1].placement.utilization is None
-    assert _routing(parse_config("listen: 127.0.0.1:1\n"))[1].placement == ReplicaRule()
+    assert routing(off)[1].placement.utilization is None
+    assert routing(parse_config("listen: 127.0.0.1:1\n"))[1].placement == ReplicaRule()
     for bad, field in (("replica_utilization: 1.5", "routing.replica_utilization"),
                        ("load_wait_bound: 0s", "routing.load_wait_bound"),
                        ("swap_grouping: 3", "routing.swap_grouping"),

@@ -304,7 +304,8 @@ def test_start_refuses_a_missing_or_wrong_key(tmp_path: Path) -> None:
     from twisted.python import usage
 
     from pharos.config import Responses
-    from pharos.tap import Options, conversation_state
+    from pharos.service import conversation_state
+    from pharos.tap import Options
 
     for content in (None, b"0123456789abcdef"):
         key = tmp_path / "key"
