@@ -127,10 +127,13 @@ class Mount(Resource):
 
 class PublicRoot(Mount):
     """The top of the public tree: a URL that is not valid percent-encoded UTF-8 is a JSON 400
-    here (Klein would answer text and log a traceback)."""
+    here (Klein would answer text and log a traceback); a leaf page (``/metrics``,
+    ``/healthz``) answers its own path only, anything below it is the data plane's 404."""
 
     def getChildWithDefault(self, path: bytes, request: IRequest) -> IResource:
         child = super().getChildWithDefault(path, request)
+        if child.isLeaf and len(request.postpath or ()) > 1:
+            child = self.default
         try:
             extractURLparts(request)
         except URLDecodeError:
