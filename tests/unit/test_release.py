@@ -1,10 +1,12 @@
 """Releases: one version (``pharos.__version__``) that both ``--version`` flags print and
-everything else reads or matches."""
+everything else reads or matches, a changelog with its entry, news fragments towncrier can
+gather, and the license setup.cfg names."""
 
 from __future__ import annotations
 
 import re
 import runpy
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,31 @@ def test_the_version_is_kept_in_one_place() -> None:
              for found in VERSIONED.findall(path.read_text(encoding="utf-8"))
              if found != __version__]
     assert not named, f"version {__version__} elsewhere: {named}"
+
+
+def test_changelog_has_this_version_and_the_towncrier_marker() -> None:
+    text = (ROOT / "CHANGELOG.rst").read_text(encoding="utf-8")
+    assert ".. towncrier release notes start\n" in text
+    after = text.split(".. towncrier release notes start\n", 1)[1]
+    assert re.search(rf"(?m)^Pharos {re.escape(__version__)}( \(.*\))?\n-+$", after)
+    assert "Upgrading\n---------\n" in text
+
+
+def test_news_fragments_have_a_known_type() -> None:
+    """A fragment named with a type towncrier does not know would be left out of the
+    changelog without a word."""
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["towncrier"]
+    types = {t["directory"] for t in conf["type"]}
+    folder = ROOT / conf["directory"]
+    assert (folder / "README.rst").is_file()
+    bad = [p.name for p in folder.iterdir()
+           if p.name != "README.rst"
+           and not re.fullmatch(rf"\+?[\w.-]+\.({'|'.join(types)})(\.\d+)?\.rst", p.name)]
+    assert not bad, f"news fragments of no known type {sorted(types)}: {bad}"
+
+
+def test_license_is_the_mit_one_setup_cfg_names() -> None:
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License\n")
+    assert "Copyright (c) the Pharos authors" in text
+    assert re.search(r"(?m)^license = MIT$", (ROOT / "setup.cfg").read_text())
