@@ -78,3 +78,20 @@ def test_license_is_the_mit_one_setup_cfg_names() -> None:
     assert text.startswith("MIT License\n")
     assert "Copyright (c) the Pharos authors" in text
     assert re.search(r"(?m)^license = MIT$", (ROOT / "setup.cfg").read_text())
+
+
+def test_an_installed_demo_finds_its_captures_in_the_scheme_data_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a checkout the doubles read the captures from where pip put the wheel's
+    data_files: the install scheme's data directory, which under Debian's own Python is
+    /usr/local while ``sys.prefix`` is /usr."""
+    import sysconfig
+
+    from pharos.sim import double
+
+    data = tmp_path / "usr-local"
+    (data / "share" / "pharos" / "fixtures").mkdir(parents=True)
+    monkeypatch.setattr(double, "__file__", str(tmp_path / "site" / "pharos" / "sim" / "x.py"))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(data))
+    monkeypatch.setattr(double.sys, "prefix", str(tmp_path / "usr"))
+    assert double._fixtures() == data / "share" / "pharos" / "fixtures"
