@@ -1,10 +1,11 @@
 # Pharos in a container:
-#   docker build -t pharos-router .
+#   docker build -t pharos-router .          (podman build works the same)
 #   docker run -p 8090:8090 -v pharos-state:/var/lib/pharos \
 #       -v ./pharos.yaml:/etc/pharos/pharos.yaml:ro pharos-router
 # It runs `twistd -n pharos -c /etc/pharos/pharos.yaml` as an unprivileged user (uid 10001);
 # the config baked in is contrib/compose/pharos.yaml (Docker-label discovery, the state file
 # under /var/lib/pharos). contrib/compose/compose.yaml runs it beside Ollama and vLLM.
+# contrib/container/build-standin.sh builds and tries it where the base cannot be pulled.
 
 # The wheel, built from this tree (.dockerignore keeps the virtualenv and tests out).
 FROM python:3.11-slim-bookworm AS wheel

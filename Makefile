@@ -1,19 +1,33 @@
-# The two set-up commands of README.rst: `make demo` and `make test`.
-# Each creates .venv when it is missing, installs Pharos with its test tools, then runs.
+# `make demo` needs only Python: it creates .venv when it is missing, installs Pharos into it
+# and runs the demo. `make test` (and `make check`, `make lint`) also install the test and
+# development tools, the Node clients the client tests drive (npm) and the compiled modules
+# (a C compiler); `make fast` builds only the compiled modules.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Pharos with its runtime dependencies (enough for the demo, doctor, check ...).
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
+# ... and its test and development tools: a superset, so it stamps the runtime too.
 STAMP := $(VENV)/.installed-stamp
+PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check \
+	--config-settings editable_mode=compat
 
-.PHONY: install compiled demo doctor-demo test check lint docs live-engines stress clean
+.PHONY: install install-runtime compiled fast demo doctor-demo test check lint docs dist \
+	live-engines stress clean
+
+# compat editable mode: twistd finds twisted/plugins only on a real sys.path entry.
+$(RUNTIME_STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) -e .
+	touch $(RUNTIME_STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# compat editable mode: twistd finds twisted/plugins only on a real sys.path entry
-	$(PY) -m pip install -q --disable-pip-version-check \
-		--config-settings editable_mode=compat -e '.[test,dev]'
-	touch $(STAMP)
+	$(PIP_INSTALL) -e '.[test,dev]'
+	touch $(STAMP) $(RUNTIME_STAMP)
+
+install-runtime: $(RUNTIME_STAMP)
 
 # The Node clients the client tests drive (tests/clients/package.json, exact versions in its
 # package-lock.json); npm ci needs node and npm (Debian: apt-get install nodejs npm).
@@ -24,14 +38,20 @@ $(NODE_STAMP): tests/clients/package.json tests/clients/package-lock.json
 
 # pharos.policy and pharos.linkhash compiled by mypyc (mypy is a dev dependency; needs a C
 # compiler and Python's headers): pharos/compiled.py imports each only while it was built from
-# the current source, which stays the reference. Quick when current; rebuilt after every edit.
+# the current source, which stays the reference, and imports the source otherwise. Quick when
+# current; rebuilt after every edit.
 compiled: $(STAMP)
 	$(PY) contrib/build_compiled.py
 
+# Optional: the compiled modules, for a faster pick (the demo and twistd use them when built).
+fast: compiled
+
+# What the tests need: Pharos with its tools, the Node clients and the compiled modules.
 install: $(STAMP) $(NODE_STAMP) compiled
 
-# Pharos on 127.0.0.1:8090 in front of three simulated engines (Ctrl-C stops it).
-demo: install
+# Pharos on 127.0.0.1:8090 in front of three simulated engines (Ctrl-C stops it). Python
+# only: no npm, no C compiler (tests/test_packaging.py runs this chain without them).
+demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/twistd -n --pidfile= pharos --demo
 
 # pharos doctor on the real engines when installed here, on the recorded captures otherwise.
@@ -61,6 +81,11 @@ stress: install
 
 live-engines:
 	bash tests/live/engines/setup.sh all
+
+# The release artefacts: the sdist and the wheel (built from the sdist) into dist/.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info pharos/*.mypyc.*

@@ -16,6 +16,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
+from pharos import __version__
 from pharos.engine.library import AUTO, KINDS
 
 
@@ -46,6 +47,7 @@ def cmd_replay_shadow(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pharos", description="Pharos: an LLM inference router")
+    parser.add_argument("--version", action="version", version=f"pharos {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
     check = sub.add_parser("check", help="validate a config file")

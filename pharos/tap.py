@@ -33,6 +33,13 @@ class Options(usage.Options):
                       "internal: set by the supervisor of workers: N (pharos.workers)"]]
     optFlags = [["demo", None, "serve in front of three simulated engines on loopback"]]
 
+    def opt_version(self) -> None:
+        """Print Pharos's version and exit (twistd --version prints Twisted's)."""
+        from pharos import __version__
+
+        print(f"pharos {__version__}")
+        raise SystemExit(0)
+
     def postOptions(self) -> None:
         """Load and validate the config now, so twistd refuses to start on a bad file."""
         if self["log-level"] not in LOG_LEVELS:

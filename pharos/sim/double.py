@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import site
 import sys
+import sysconfig
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,11 +81,15 @@ log = Logger()
 
 def _fixtures() -> Path:
     """fixtures/ of a source checkout, else the pinned captures the wheel installs under
-    ``<prefix>/share/pharos/fixtures`` (setup.cfg data_files)."""
+    ``<data>/share/pharos/fixtures`` (setup.cfg data_files): ``<data>`` is the install
+    scheme's, which is not ``sys.prefix`` under Debian's own Python (/usr/local) nor for
+    ``pip install --user``."""
     checkout = Path(__file__).resolve().parents[2] / "fixtures"
     if checkout.is_dir():
         return checkout
-    return Path(sys.prefix) / "share" / "pharos" / "fixtures"
+    found = [Path(data) / "share" / "pharos" / "fixtures"
+             for data in (sysconfig.get_path("data"), sys.prefix, site.USER_BASE or "/")]
+    return next((p for p in found if p.is_dir()), found[0])
 
 
 FIXTURES = _fixtures()
