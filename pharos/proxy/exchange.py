@@ -40,7 +40,7 @@ from pharos.proxy.auth import OPEN, Identity
 from pharos.proxy.errors import ApiError
 from pharos.proxy.parse import Parsed
 from pharos.proxy.relay import EngineDied, Relay, Stalled, Tap, collect, response_headers, send
-from pharos.proxy.tap import StreamTap
+from pharos.proxy.streamtap import StreamTap
 from pharos.proxy.unload import unload
 from pharos.sched import Lease, QueueFull, SchedRequest, Scheduler, Unavailable, UnknownModel
 from pharos.state.registry import BackendState, Target

@@ -44,7 +44,7 @@ from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
 from pharos.proxy.parse import Parsed, parse
 from pharos.proxy.relay import Tap, collect, send
 from pharos.proxy.site import add_error_handling, reply
-from pharos.proxy.tap import StreamTap
+from pharos.proxy.streamtap import StreamTap
 from pharos.sched import Scheduler
 from pharos.state.registry import BackendState
 from pharos.state.state import State

@@ -43,7 +43,7 @@ class Stalled(EngineDied):
 
 
 class Tap(typing.Protocol):
-    """What the relay needs from the stream tap (pharos.proxy.tap.StreamTap)."""
+    """What the relay needs from the stream tap (pharos.proxy.streamtap.StreamTap)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to pass on now."""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pharos.engine.capture import Capture, RecordedReply
-from pharos.proxy.tap import StreamTap
+from pharos.proxy.streamtap import StreamTap
 from tests.support.captures import all_captures, capture_id
 
 Row = tuple[int | None, int | None, int | None, float | None, float | None] | None

@@ -17,7 +17,7 @@ from pharos.config import ConfigError, load_config, parse_config
 from pharos.proxy.auth import Identity
 from pharos.proxy.conversation import Capture, ConversationState, Turn
 from pharos.proxy.errors import ApiError
-from pharos.proxy.tap import StreamTap
+from pharos.proxy.streamtap import StreamTap
 from pharos.responses import ConversationStore, read_key
 
 KEY = bytes(range(32))

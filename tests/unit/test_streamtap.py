@@ -1,4 +1,4 @@
-"""Layer 1: the stream tap's line scanning (``pharos.proxy.tap``) and the usage field table
+"""Layer 1: the stream tap's line scanning (``pharos.proxy.streamtap``) and the usage field table
 (``pharos.engine.usage``), on hand-made streams and on the recorded ones under any chunking."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import pharos.proxy.tap as tap_module
+import pharos.proxy.streamtap as tap_module
 from pharos.engine.usage import (
     ENVELOPES,
     USAGE_FIELDS,
@@ -22,7 +22,7 @@ from pharos.engine.usage import (
     merge_usage,
     parse_usage,
 )
-from pharos.proxy.tap import MAX_LINE, StreamTap
+from pharos.proxy.streamtap import MAX_LINE, StreamTap
 from tests.support.captures import all_captures, capture_id
 
 RECORDED: list[tuple[str, bytes]] = [
