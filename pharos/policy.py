@@ -567,8 +567,12 @@ class _Fleet:
                 evict, reload)
 
 
-#: What a decision says to people: its reason, its §13 outcome and the guards that acted.
+#: What a decision says to people: its reason, its route outcome and the guards that acted.
 Explanation: TypeAlias = tuple[str, Why | None, tuple[str, ...]]
+#: Each kind of decision's wording (``_Scored.kind``: "none", "cost", "least-load",
+#: "baseline"), filled by ``pharos.reasons.install``: the policy, compiled on its own, imports
+#: nothing of Pharos, and a pick words nothing unless asked.
+EXPLAIN: dict[str, Callable[[_Scored], Explanation]] = {}
 
 
 class _Scored:
@@ -577,8 +581,9 @@ class _Scored:
     (``terms_at``, ``all_terms``), the utilization column under cost (``util``) and the
     decision's explanation (``explanation``)."""
 
-    __slots__ = ("_all", "_explained", "_some", "_util", "aside", "best", "candidates", "est",
-                 "explain", "feasible", "fleet", "limit", "sticky", "tie", "win", "window")
+    __slots__ = ("_all", "_explained", "_some", "_util", "aside", "base_why", "best",
+                 "candidates", "est", "feasible", "fleet", "kind", "limit", "sticky", "tie",
+                 "win", "window")
 
     def __init__(self, fleet: _Fleet) -> None:
         self.fleet = fleet
@@ -596,7 +601,9 @@ class _Scored:
         #: What broke a tie: "utilization", "eviction price", "seed"; None: no tie.
         self.tie: str | None = None
         self.window = self.limit = 0.0  # cost's tie window and the estimate it reaches
-        self.explain: Callable[[_Scored], Explanation] = _explain_no_target
+        #: Which ``EXPLAIN`` words it ("none": no target), and a baseline's outcome.
+        self.kind = "none"
+        self.base_why: Why = "baseline"
         self._explained: Explanation | None = None
         self._some: dict[int, ScoreTerms] = {}
         self._all: tuple[ScoreTerms, ...] | None = None
@@ -632,9 +639,9 @@ class _Scored:
         return self._all
 
     def explanation(self) -> Explanation:
-        """The decision's reason, outcome and guards, built by its policy on the first read."""
+        """The decision's reason, outcome and guards, worded on the first read."""
         if self._explained is None:
-            self._explained = self.explain(self)
+            self._explained = EXPLAIN[self.kind](self)
         return self._explained
 
 
@@ -833,114 +840,12 @@ def _no_target(scored: _Scored) -> Decision:
     return Decision(None, bool(scored.candidates), scored)
 
 
-def _explain_no_target(scored: _Scored) -> Explanation:
-    if not scored.candidates:
-        return "no candidates", None, ()
-    return f"no feasible target: {_set_aside_note(scored)}", None, ()
-
-
-def _set_aside_note(scored: _Scored) -> str:
-    return ", ".join(f"{n} set aside ({why})" for why, n in scored.aside.items())
-
-
-def _secs(x: float) -> str:
-    if x < 0.1:
-        return f"{x * 1000:.0f}ms"
-    return f"{x:.2f}".rstrip("0").rstrip(".") + "s"
-
-
-def _tokens(n: int) -> str:
-    if n < 1000:
-        return str(n)
-    return f"{n / 1000:.1f}".rstrip("0").rstrip(".") + "k"
-
-
-def _label(c: Candidate) -> str:
-    """The candidate's state in a reason: warm, loading or cold, and full without a free slot."""
-    state = ("loading" if c.loading else "cold") if c.warm is False else "warm"
-    if c.free_slots <= 0:
-        return f"{state}, full"
-    if c.capacity_open and c.inflight >= c.capacity:
-        return f"{state}, past its learned capacity"
-    return state
-
-
-def _decide(scored: _Scored, win: int, explain: Callable[[_Scored], Explanation]) -> Decision:
-    """The decision for candidate ``win``: its explanation is ``explain``'s, built when read."""
+def _decide(scored: _Scored, win: int, kind: str) -> Decision:
+    """The decision for candidate ``win``: its explanation is ``EXPLAIN[kind]``'s, when read."""
     c = scored.candidates[win]
     scored.win = win
-    scored.explain = explain
+    scored.kind = kind
     return Decision(c.target_id, c.free_slots <= 0, scored)
-
-
-def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
-    """The notes every policy's reason ends with (queueing, guards set aside, assumed inputs,
-    the KV-pressure guard), and the guards that acted."""
-    win = scored.win
-    if scored.candidates[win].free_slots <= 0:
-        parts.append("queued: no free slot")
-    if scored.aside:
-        parts.append(_set_aside_note(scored))
-    fallbacks = scored.terms_at(win)[_FALLBACKS]
-    if fallbacks:
-        parts.append("assumed " + ", ".join(fallbacks))
-    guards: tuple[str, ...] = ()
-    fleet = scored.fleet
-    if fleet.kv_waived:
-        guards = (KV_WAIVED,)
-        parts.append("kv pressure waived (every candidate above the threshold)")
-    elif discounted := fleet.kv_discounted:
-        guards = (KV_DISCOUNTED,)
-        parts.append(f"kv pressure discounted {discounted} match"
-                     + ("es" if discounted > 1 else ""))
-    return ", ".join(parts), why, guards
-
-
-def _alternatives(scored: _Scored) -> tuple[int, int]:
-    """The cost winner's two yardsticks among the other feasible candidates, in one pass:
-    the reference ``_why`` measures it against (the least utilized, then the lowest
-    est_ttft, then the lowest target id; -1 when the winner is strictly the least utilized or
-    alone) and the runner-up its reason names (the lowest est_ttft, the first in candidate
-    order among equals; -1 when alone)."""
-    candidates, ests, win = scored.candidates, scored.est, scored.win
-    ref, ref_util, ref_est, ref_id = -1, 0.0, 0.0, 0
-    runner, runner_est = -1, 0.0
-    for i in scored.feasible:
-        if i == win:
-            continue
-        est = ests[i] or 0.0
-        if runner < 0 or est < runner_est:
-            runner, runner_est = i, est
-        c = candidates[i]
-        u = (c.capacity - c.free_slots + c.queue_ahead) / c.capacity  # as in _Scored.util
-        if ref < 0 or u < ref_util or (u == ref_util and (
-                est < ref_est or (est == ref_est and c.target_id < ref_id))):
-            ref, ref_util, ref_est, ref_id = i, u, est, c.target_id
-    if ref >= 0 and scored.util_at(win) < ref_util:
-        ref = -1
-    return ref, runner
-
-
-def _why(scored: _Scored, ref: int) -> Why:
-    """What the cost winner saved against the least utilized alternative ``ref`` (spec §13
-    ``route``; ``_alternatives`` finds it so that the outcome never depends on the seed).
-
-    A winner that is strictly the least utilized won on load alone: ``least_loaded``.
-    Otherwise ``warm`` if the load it avoids is the larger saving, ``cache`` if the prefill its
-    cached prefix avoids is, and ``least_loaded`` if it saved neither (it won on wait or on
-    prefill speed)."""
-    if ref < 0:
-        return "least_loaded"
-    win = scored.win
-    r, s = scored.terms_at(ref), scored.terms_at(win)
-    warm_saved = r[_LOAD] - s[_LOAD]
-    cache_saved = 0.0
-    if scored.candidates[win].matched_tokens > 0:
-        cache_saved = ((r[_PREFILL] + r[_KV_PENALTY] + r[_EVICT])
-                       - (s[_PREFILL] + s[_KV_PENALTY] + s[_EVICT]))
-    if warm_saved <= 0 and cache_saved <= 0:
-        return "least_loaded"
-    return "cache" if cache_saved > warm_saved else "warm"
 
 
 def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
@@ -960,40 +865,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
         ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
         win, tie = _break_tie(ties, scored, req.seed, reload=True)
     scored.sticky, scored.tie, scored.window, scored.limit = sticky is not None, tie, window, limit
-    return _decide(scored, win, _explain_cost)
-
-
-def _explain_cost(scored: _Scored) -> Explanation:
-    """A cost decision's reason: the winner's state and cached tokens, its estimate against
-    the runner-up's (the feasible candidate with the next lowest estimate), what broke a tie;
-    and its §13 outcome."""
-    candidates, ests, win = scored.candidates, scored.est, scored.win
-    c, win_est = candidates[win], ests[win]
-    assert win_est is not None
-    ref, runner = _alternatives(scored)
-    why: Why
-    if len(scored.feasible) == 1:
-        why = "only_choice"
-    elif scored.sticky and win_est > scored.limit:
-        why = "affinity"
-    else:
-        why = _why(scored, ref)
-    parts = ["only choice", _label(c)] if why == "only_choice" else [_label(c)]
-    if scored.sticky:
-        parts.insert(0, "session affinity")
-    matched = min(c.matched_tokens, scored.fleet.prompt)
-    if matched > 0:
-        parts.append(f"{_tokens(matched)} cached tok")
-    if c.victims and c.warm is False and not c.loading:
-        parts.append(f"evicts {'+'.join(c.victims)} (reload {_secs(c.reload_sec)})")
-    if runner < 0:
-        parts.append(f"est {_secs(win_est)}")
-    else:
-        parts.append(f"est {_secs(win_est)} vs {_secs(ests[runner] or 0.0)} "
-                     f"({_label(candidates[runner])})")
-    if scored.tie is not None:
-        parts.append(f"tie within {_secs(scored.window)} broken by {scored.tie}")
-    return _explained(scored, why, parts)
+    return _decide(scored, win, "cost")
 
 
 def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
@@ -1008,26 +880,6 @@ def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
     return None
 
 
-#: The cost terms ``deciding_term`` compares.
-TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict", "reload")
-
-
-def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
-    """The cost term that put the winner furthest ahead of the runner-up (the feasible
-    candidate with the next lowest estimate); None without a winner or a runner-up, or when
-    the winner was not ahead on any term (a tie broken by utilization or seed)."""
-    mine = next((s for s in scores if s.target_id == winner), None)
-    if mine is None:
-        return None
-    others = [s for s in scores if s.target_id != winner and s.est_ttft is not None]
-    if not others:
-        return None
-    runner = min(others, key=lambda s: (s.est_ttft or 0.0, s.target_id))
-    gains = {t: getattr(runner, t) - getattr(mine, t) for t in TERMS}
-    term = max(TERMS, key=lambda t: gains[t])
-    return term if gains[term] > 0 else None
-
-
 def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest utilization wins (ties to the request's seed), among feasible candidates
     only. Enqueue when the winner has no free slot."""
@@ -1035,29 +887,7 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
     if not scored.feasible:
         return _no_target(scored)
     win, scored.tie = _break_tie(scored.feasible, scored, req.seed)
-    return _decide(scored, win, _explain_least_load)
-
-
-def _explain_least_load(scored: _Scored) -> Explanation:
-    """A least-load decision's reason: the winner's state and utilization against the
-    runner-up's (the next least utilized feasible candidate), and whether the seed broke a
-    tie."""
-    candidates, utils, win = scored.candidates, scored.util, scored.win
-    only = len(scored.feasible) == 1
-    why: Why = "only_choice" if only else "least_loaded"
-    parts = ["only choice" if only else "least loaded", _label(candidates[win])]
-    runner, runner_util = -1, 0.0
-    for i in scored.feasible:
-        if i != win and (runner < 0 or utils[i] < runner_util):
-            runner, runner_util = i, utils[i]
-    if runner < 0:
-        parts.append(f"util {utils[win]:.0%}")
-    else:
-        parts.append(f"util {utils[win]:.0%} vs {runner_util:.0%} "
-                     f"({_label(candidates[runner])})")
-    if scored.tie == "seed":
-        parts.append("equal utilization broken by seed")
-    return _explained(scored, why, parts)
+    return _decide(scored, win, "least-load")
 
 
 def _rotation(scored: _Scored) -> list[int]:
@@ -1081,18 +911,8 @@ def _baseline(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig,
     if not scored.feasible:
         return _no_target(scored)
     win, lead, why = choose(req, scored)
-    scored.tie = lead
-    return _decide(scored, win, lambda s: _explain_baseline(s, why))
-
-
-def _explain_baseline(scored: _Scored, why: Why) -> Explanation:
-    """A baseline's reason: how it chose (kept in ``tie``), the winner's state and
-    utilization."""
-    c, win = scored.candidates[scored.win], scored.win
-    if len(scored.feasible) == 1:
-        why = "only_choice"
-    parts = [scored.tie or "", _label(c), f"util {scored.util_at(win):.0%}"]
-    return _explained(scored, why, parts)
+    scored.tie, scored.base_why = lead, why
+    return _decide(scored, win, "baseline")
 
 
 def _choose_round_robin(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:

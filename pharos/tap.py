@@ -50,7 +50,7 @@ from pharos.proxy.public import PublicAPI
 from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.responses import ConversationStore, StoreCollector, read_key
-from pharos.sched import Guards, Scheduler
+from pharos.sched import Guards, Routing, Scheduler
 from pharos.shadow import Shadow
 from pharos.state.logs import default_feeds
 from pharos.state.registry import BackendState
@@ -135,8 +135,17 @@ class PharosService(MultiService):
                            log_feed_for=default_feeds(
                                reactor, self.docker.log_feed if self.docker else None))
         policy, guards = _routing(config)
-        self.sched = Scheduler(self.state, policy,
-                               index=PrefixIndex(config.routing.prefix_entries), guards=guards)
+        self.generation = 0
+        fleet = _fleet(config, policy, self.generation)
+        log_path = config.observability.shadow_log
+        self.shadow_log = Journal(log_path, reactor) if log_path else None
+        self.shadow = Shadow(reactor, fleet, lambda: self.sched.policy, self.shadow_log)
+        self.peer_node: PeerNode | None = None
+        self.sched = Scheduler(
+            self.state, Routing(policy, guards, fleet.cost_models()),
+            index=PrefixIndex(config.routing.prefix_entries), on_route=self.shadow.offer,
+            on_prefix=None if config.peers is None else (
+                lambda op: self.peer_node.push(op) if self.peer_node is not None else None))
         self.state.on_round = self._round
         u = config.usage
         #: Usage cells and quotas; the origin is this process until the state file keeps one.
@@ -147,13 +156,7 @@ class PharosService(MultiService):
                                 keyring=Keyring(config.keys, config.tenants), ledger=self.ledger)
         #: The fleet's models (aliases, per-model policy, split, shadow; ``pharos.models``),
         #: one per config generation; shadow policies run off the request path.
-        self.generation = 0
-        self.fleet = self.public.fleet = _fleet(config, policy, self.generation)
-        self.sched.model_costs = self.fleet.cost_models()
-        log_path = config.observability.shadow_log
-        self.shadow_log = Journal(log_path, reactor) if log_path else None
-        self.shadow = Shadow(reactor, self.fleet, lambda: self.sched.policy, self.shadow_log)
-        self.sched.on_route = self.shadow.offer
+        self.fleet = self.public.fleet = fleet
         self.public.shadow = self.shadow
         self._specs: list[Any] = []  # the backend specs discovery last handed over
         # on_done subscribers, each a surface of its own (DESIGN §4): the proxy imports none.
@@ -208,7 +211,6 @@ class PharosService(MultiService):
             self.state_file = StateFile(config.state_file, self.replicas, reactor,
                                         in_thread=_in_thread(reactor))
             self.restore_sources.append(self.state_file.restore)
-        self.peer_node: PeerNode | None = None
         self.peer_secret: bytes | None = None
         if config.peers is not None:
             # Checked by load_config too; read again here, so a secret that went away since
@@ -218,7 +220,6 @@ class PharosService(MultiService):
                 self.ledger.origin, lambda: fingerprint(self.config), self.sched, self.ledger,
                 TreqTransport(self.client, self.peer_secret), Membership(config.peers),
                 reactor, restore=lambda data: restore_bytes(self.replicas, data, reactor))
-            self.sched.on_prefix = node.push
             self.ledger.on_reserve = node.kick
             self.metrics.peers = node
             self.pages.status_page.peers = node
@@ -264,14 +265,14 @@ class PharosService(MultiService):
         and re-resolved (a changed spec), and requests in flight keep their engine."""
         self.config = config
         self.public.keyring = Keyring(config.keys, config.tenants)
-        self.sched.policy, self.sched.guards = _routing(config)
+        policy, guards = _routing(config)
         self.public.timeouts = config.timeouts
         # The fleet's models (issue 17): a new generation, its aliases composed into the
         # backends' (a changed rename re-resolves those backends), its routing and shadows.
         self.generation += 1
-        old, fleet = self.fleet, _fleet(config, self.sched.policy, self.generation)
+        old, fleet = self.fleet, _fleet(config, policy, self.generation)
         self.fleet = self.public.fleet = fleet
-        self.sched.model_costs = fleet.cost_models()
+        self.sched.reconfigure(Routing(policy, guards, fleet.cost_models()))
         self.shadow.set_fleet(fleet)
         self.discovery.set_static(config.backends, config.dns_backends)
         if old.names != fleet.names:

@@ -11,7 +11,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from pharos.config import Backend as BackendSpec
-from pharos.policy import Candidate, PolicyConfig, RouteReq, deciding_term, pick
+from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
+from pharos.reasons import deciding_term
 from pharos.retention import LIVE_SEC
 from pharos.sched import Guards, Lease, SchedRequest, Scheduler
 from pharos.state.state import State
@@ -97,7 +98,7 @@ def test_no_price_for_a_held_root_a_shared_one_or_a_dead_one() -> None:
 def test_pricing_can_be_turned_off() -> None:
     """``routing.eviction_pricing: false`` prices nothing."""
     sched, _ = filled()
-    sched.guards = Guards(eviction_pricing=False)
+    sched.reconfigure(replace(sched.routing, guards=Guards(eviction_pricing=False)))
     assert evict_tokens(sched, chat("q", system=system(9))) == {0: 0, 1: 0, 2: 0}
 
 

@@ -33,7 +33,7 @@ from twisted.internet.task import Clock
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.policy import PolicyConfig
-from pharos.sched import Lease, SchedRequest, Scheduler
+from pharos.sched import Lease, Routing, SchedRequest, Scheduler
 from pharos.sim.batch import VLLM_KNOBS
 from pharos.sim.model import Knobs
 from pharos.state.state import State
@@ -145,7 +145,7 @@ def run(seed: int, clients: list[dict[str, Any]], duration: float, *, timeout: f
     engines = {f"http://e{i}:8000": engine(clock, f"e{i}") for i in range(2)}
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
     seeds = iter(range(1, 1 << 30))
-    sched = Scheduler(state, PolicyConfig(), seed=lambda: next(seeds))
+    sched = Scheduler(state, Routing(PolicyConfig()), seed=lambda: next(seeds))
     state.on_round = lambda b: sched.kick()
     state.set_backends([BackendSpec(url=u, kind="openai", capacity=SLOTS) for u in engines])
     state.service.startService()

@@ -56,7 +56,7 @@ from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.policy import PolicyConfig
 from pharos.proxy.parse import parse
-from pharos.sched import Lease, Placement, SchedRequest, Scheduler
+from pharos.sched import Lease, Placement, Routing, SchedRequest, Scheduler
 from pharos.sim.double import EngineDouble
 from pharos.sim.model import GenRequest, Job
 from pharos.sim.prompt import CHAT, prompt_text
@@ -176,7 +176,7 @@ def run_one(workload: str, seed: int, policy: str, *, rate: float = RATE,
     # send order before the run, as ``pharos bench compare`` does): no lease, no Pharos.
     direct = (assign([e.url for e in engines], reqs, "prefix-aware", seed)
               if policy == "prefix-aware" else None)
-    sched = Scheduler(state, PolicyConfig(name="cost" if direct else policy),  # type: ignore[arg-type]
+    sched = Scheduler(state, Routing(PolicyConfig(name="cost" if direct else policy)),  # type: ignore[arg-type]
                       seed=lambda: rng.getrandbits(63))
 
     def on_round(b: Any) -> None:  # as PharosService._round

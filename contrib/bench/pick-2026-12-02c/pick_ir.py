@@ -88,7 +88,7 @@ def parts(one: Callable[[], object]) -> None:
     cands, route, cfg = list(p.candidates), p.route, PolicyConfig()
     print("decide  min/p50 us", best(one))
     print("pick    min/p50 us", best(lambda: pick(route, cands, cfg).target_terms))
-    print("lookup  min/p50 us", best(lambda: sched.index.lookup(req.chain, sched._gen)))
+    print("lookup  min/p50 us", best(lambda: sched.index.lookup(req.chain, sched.learning.gen)))
     print("targets min/p50 us", best(lambda: sched.targets(req)))
 
 
