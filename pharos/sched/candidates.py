@@ -37,9 +37,8 @@ def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> C
     ``holds_root``: the match covers the prompt's root. Such a target full at a capacity
     Pharos estimated (``Candidate.capacity_open``) is given a slot while nothing queues
     ahead: it may run more, and the engine's queue says when it does not (``learn_capacity``
-    stops it the round one shows). Shared-prefix bench, virtual time, seeds 1-10 both
-    starts: cells where cost's p99 is over prefix-aware's 6 -> 2 of 20; the holders were
-    full at the 6-10 slots learned so far of the doubles' 64."""
+    stops it the round one shows): priced as full at the few slots learned so far, holders
+    lost their hits to engines without the prompt."""
     free = c.free_slots
     if holds_root and free <= 0 and c.capacity_open and c.queue_ahead <= 1:
         free = 1  # (the request itself is the one waiter counted)

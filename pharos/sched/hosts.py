@@ -290,8 +290,7 @@ class Hosts:
         demand makes likely within the keep-alive horizon (``placement.reload_price``,
         ``placement.horizon``). Models an earlier load there was priced as pushing out since
         the host's last full round (``host_evicted``) are not counted: the round still lists
-        them, and counting them priced a second victim that was gone (``pharos bench
-        placement``, 2 hosts: 54 of 306 loads Pharos saw evicted other models than priced)."""
+        them, and counting them priced a second victim that was gone."""
         if c.fits_if_cold is False:
             return c  # set aside: the load waits for a model to go idle
         t = self.state.targets[c.target_id]

@@ -271,11 +271,9 @@ class Learning:
             # says (``candidate``).
             t.queue_rounds = t.queue_rounds + 1 if queued is not None and queued > 0 else 0
             pressed, t.pressed = t.pressed, False
-            # The engine's usage counts the prompts sent since the last round from this round
-            # on, but those still without a first byte only in part (queued in the engine:
-            # none of it; being prefilled in chunks: the chunks so far): they stay counted
-            # until their first byte. Counting none of them priced a prompt as fitting a pool
-            # a chunked prefill was still filling (w6 at 3 req/s).
+            # The engine's usage counts the prompts sent since the last round, but those still
+            # without a first byte only in part (queued, or prefilled in chunks so far): they
+            # stay counted until their first byte.
             t.kv_sent_tokens = t.kv_unstarted_tokens
             t.kv_freed_tokens = 0
             t.kv_round += 1
@@ -290,12 +288,10 @@ class Learning:
                 continue
             if (t.backend.failing is not None or running is None
                     or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY):
-                # The engine's counts are unknown this round: nothing forgotten. A busy vLLM
-                # on 2 cores answered /metrics past the deadline for a minute and nothing was
-                # learned (the live capacity test). Pharos's own counts are evidence then:
-                # every request of its in flight there has its first byte, so the engine runs
-                # them all and queues none; while its replies flow, try one more as the
-                # engine's "no queue" would.
+                # The engine's counts are unknown this round (a busy engine answering /metrics
+                # late): nothing forgotten, and Pharos's own counts are evidence. Every request
+                # of its in flight there has its first byte, so the engine runs them all and
+                # queues none: while its replies flow, try one more as "no queue" would.
                 if (pressed and not t.capacity_seen_queue and t.inflight > 0
                         and t.unstarted == 0
                         and self.state.replying(t.backend, self.state.clock.seconds())):
@@ -324,16 +320,10 @@ class Learning:
                 learned = seen
             elif not t.capacity_seen_queue and queued == 0 and pressed:
                 # A request came while Pharos saw no free slot here since the last round (it
-                # waited, or went elsewhere), and the engine has no queue of its own: try one
-                # more. A target left full at 2 slots while others took the load never learned.
-                # Read at the round alone (waiters then),
-                # this missed most of the bursts of short requests (0.5 s each, rounds of 1 s:
-                # a small-pool fleet at 20 req/s stayed at 5 slots, Pharos queueing its bursts,
-                # p99 TTFT 175-240 ms against 69 ms when told 64). Pharos's leases on replies
-                # the engine has finished (a slow client) fill slots too: the engine has room
-                # then, so one more is right. Once the engine has queued, its Running then is
-                # the capacity and no slot is tried past it (each try would park a request in
-                # the engine's queue until two rounds in a row see it).
+                # waited, or went elsewhere; read at the round alone, bursts of short requests
+                # were missed), and the engine has no queue of its own: try one more. Leases on
+                # replies the engine has finished (a slow client) fill slots too: the engine
+                # has room then. Once it has queued, no slot is tried past its Running.
                 learned = base + 1
             elif seen > base:
                 learned = seen  # it ran more than that at once (clients bypassing Pharos)

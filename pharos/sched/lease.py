@@ -103,15 +103,11 @@ class Lease:
             if self.kv_round is None or self.kv_round == t.kv_round:
                 # Still counted in ``kv_sent_tokens`` (sent, or started, since the last
                 # round): its blocks are free in the engine now, and the next round's usage
-                # will not show them. Kept, a shared system prompt's hits filled a small
-                # pool's room within a round (shared-prefix bench: holders priced as full,
-                # misses).
+                # will not show them.
                 t.kv_sent_tokens = max(0, t.kv_sent_tokens - back)
             else:
                 # It ran at the last round, whose usage shows its blocks: free now, room
-                # until the next round reads the usage again. Without this a small pool
-                # whose short requests end within a round looked full for the rest of it,
-                # and a system prompt's holder lost its hits to engines without it
-                # (shared-prefix bench in virtual time: the misses made cost's p99).
+                # until the next round reads the usage again (else a small pool whose short
+                # requests end within a round looks full for the rest of it).
                 t.kv_freed_tokens += back
         self.owner.released(self, sample)

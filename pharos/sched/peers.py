@@ -112,10 +112,9 @@ class Peers:
         returns how many were dropped (targets not known here). A record also notes its root
         as sent to its target in ``roots`` (when the root's size is known here): each
         engine's cache takes every instance's prompts, and retention learned, stale
-        predictions and eviction pricing counted only this instance's (W1 behind three
-        peers: hit rate 0.66 against 0.88 for one instance, half the misses predicted held by
-        an engine that had pushed them out). ``roots=False``: the peer tells its sends at
-        dispatch (``merge_dispatched``), so its records are not sends again."""
+        predictions and eviction pricing would count only this instance's. ``roots=False``:
+        the peer tells its sends at dispatch (``merge_dispatched``), so its records are not
+        sends again."""
         learning = self.learning
         dropped = learning.index.merge(ops, self.target_id, learning.gen, now, source="peer")
         if not roots:

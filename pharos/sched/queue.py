@@ -271,10 +271,7 @@ class WaitQueue:
         not show, and the part of it that is its root's: its uncached tokens, and its
         predicted cached ones too unless another request in flight there has the same root.
         vLLM's usage counts the blocks of running requests: a cached prefix no running
-        request holds is free (evictable) there, and held once this prompt runs. Counting
-        only the uncached part priced two cache hits of 2,000 tokens as taking 500 tokens
-        where they took 4,500 (mix at 3 req/s: a prompt sent there as fitting waited 0.8 s
-        for blocks)."""
+        request holds is free (evictable) there, and held once this prompt runs."""
         tokens = max(0, req.prompt_tokens)
         if not req.chain:
             return tokens, 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, fail
 
@@ -79,6 +79,11 @@ class Scheduler:
         self.sessions, self.outcomes = learning.sessions, learning.outcomes
         self.predictions, self.unfollowed = learning.predictions, learning.unfollowed
         self.leases, self.peers = self.queue.leases, self.gauges.peers
+        # The parts' methods the rest of Pharos calls (the peer node, metrics, explain).
+        g = self.gauges
+        self.export_gauges, self.merge_gauges, self.forget = g.export, g.merge, g.forget
+        self.peer_inflight, self.peer_waiting, self.target_id = g.inflight, g.waiting, g.target_id
+        self.merge_prefix, self.capacity_of = g.merge_prefix, learning.capacity_of
         #: Placement decisions run for waiters (``place``): the count a test reads.
         self.decisions = 0
         #: Requests routed per model: round robin's turn (``RouteReq.seq``).
@@ -324,43 +329,9 @@ class Scheduler:
             t.last_release_at = now
         self.kick()
 
-    # --- learning and peers, as the rest of Pharos calls them -----------------------------
-
-    def capacity_of(self, t: Target) -> tuple[int | None, str]:
-        """``Learning.capacity_of``."""
-        return self.learning.capacity_of(t)
-
     def learn_capacity(self, backend: BackendState) -> None:
         """After a scrape round (``Learning.learn_capacity``)."""
         self.learning.learn_capacity(backend, self.cands.default_capacity)
-
-    def export_gauges(self) -> dict[str, dict[str, int]]:
-        """``Peers.export``."""
-        return self.gauges.export()
-
-    def merge_gauges(self, origin: str, gauges: Mapping[str, object], now: float) -> None:
-        """``Peers.merge``."""
-        self.gauges.merge(origin, gauges, now)
-
-    def forget(self, origin: str) -> None:
-        """``Peers.forget``."""
-        self.gauges.forget(origin)
-
-    def peer_inflight(self, target_id: int) -> int:
-        """``Peers.inflight``."""
-        return self.gauges.inflight(target_id)
-
-    def peer_waiting(self, model: str) -> int:
-        """``Peers.waiting``."""
-        return self.gauges.waiting(model)
-
-    def target_id(self, key: str) -> int | None:
-        """``Peers.target_id``."""
-        return self.gauges.target_id(key)
-
-    def merge_prefix(self, ops: list[PrefixOp], now: float, *, roots: bool = True) -> int:
-        """``Peers.merge_prefix``."""
-        return self.gauges.merge_prefix(ops, now, roots=roots)
 
     def merge_dispatched(self, ops: list[PrefixOp], now: float) -> int:
         """``Peers.merge_dispatched``, under the routing settings in force."""
