@@ -1,6 +1,6 @@
-"""The fair queue (spec §8, issue 11): waiters that found no free slot, served tenant first,
-then key, each by weighted virtual time (hierarchical weighted fair queueing, as the gateway
-seed 003 does it; with one tenant it is spec §8's weighted round robin over keys, by cost).
+"""The fair queue: waiters that found no free slot, served tenant first, then key, each by
+weighted virtual time (hierarchical weighted fair queueing; with one tenant, weighted round
+robin over keys, by cost).
 
 Each key and each tenant keeps a virtual time: the work it was served divided by its weight.
 The next waiter comes from the backlogged tenant with the lowest virtual time, and within it
@@ -180,13 +180,8 @@ ACTIVE_SEC = 10.0
 #: ``ROOM_RELEASES`` of the fleet's mean intervals between releases take all of with
 #: probability at most ``ROOM_RISK`` (Poisson arrivals at the keys' summed rates): a request
 #: finding the room taken waits for a release, and the room refills one release at a time,
-#: releases bunching (16 two-second slots free one every ~125 ms on average, with gaps of
-#: 460 ms seen). A light key at 1.1 req/s there is kept 3 slots; one at 0.05 req/s, 1; many
-#: light keys together, more. Each slot kept idle costs the keys over their share 1/16 of
-#: that fleet while the light keys are active. Virtual time, 10:1, ten seeds, heavy clients
-#: never cut (contrib/bench/fair-2026-12-07): the fixed room of 2 let 0-4 light requests of
-#: 130 a run wait for a slot, light p95 at 10:1 / alone median 1.35x; this room, 0-3 and
-#: 1.22x, for 5.8 % of the heavy key's tokens (risk 0.02: 0-1 and 1.27x, for 8.6 %).
+#: releases bunching. Each slot kept idle costs the keys over their share while the light
+#: keys are active: a fixed room was both too small for bursts and too large when quiet.
 ROOM_RELEASES = 4.0
 ROOM_RISK = 0.05
 #: The room is at most one in ``ROOM_SHARE`` of the fleet's slots, and none below

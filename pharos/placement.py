@@ -1,4 +1,4 @@
-"""Model placement on multi-model hosts (issue 15): what a load costs and what it evicts.
+"""Model placement on multi-model hosts: what a load costs and what it evicts.
 
 A cold dispatch on a host whose memory is full evicts idle models, and the next requests
 for them pay a reload. The scheduler prices that (``Candidate.reload_sec``) from three
@@ -12,8 +12,8 @@ things kept here:
   Pharos names them to the host; else the least recently used, its guess of the host's
   choice) and what their next requests pay;
 * ``ReplicaRule`` with ``replica_hold`` and ``swap_hold``: when a request for a model that is
-  warm somewhere queues for a warm slot instead of loading another copy (item 2), and when a
-  single-model host serves the queued requests of its loaded model before it swaps (item 4),
+  warm somewhere queues for a warm slot instead of loading another copy, and when a
+  single-model host serves the queued requests of its loaded model before it swaps,
   both within ``wait_bound_sec`` so no request (a tail model's) waits for ever.
 
 Pure: no clock (times are passed in), no I/O, bounded.
@@ -185,14 +185,14 @@ def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident],
     return None
 
 
-# --- item 2 and 4: replicas follow demand, single-model hosts group their swaps -------------
+# --- replicas follow demand, single-model hosts group their swaps -------------
 
 #: A model warm on some hosts gets another only once its slot demand exceeds this share of
 #: their slots (all of them: the demand its hosts cannot serve), or once waiting costs more
 #: than the load and its eviction (a burst's queue). At 0.7 (``pharos.hot``'s share for root
 #: prefixes) a model keeping its slots 70 % busy loaded a copy over whatever went idle last,
-#: whatever that eviction cost (contrib/bench/placement-2026-12-07). The demand counts the
-#: requests wanting a slot, waiting ones included (``Scheduler._dispatched``).
+#: whatever that eviction cost. The demand counts the requests wanting a slot, waiting ones
+#: included (``Hosts.demanded``).
 REPLICA_UTILIZATION: Final = 1.0
 #: The longest a request waits, for a warm slot or behind another model's queue on a
 #: single-model host, before a load is allowed for it (assumed: about ten loads of a 4 GB
@@ -201,8 +201,7 @@ LOAD_WAIT_BOUND_SEC: Final = 30.0
 #: Seconds over which a model's slot demand decays to a half. The demand rule is for demand
 #: that lasts: a burst's queue is priced by the cost rule (a wait against the load and its
 #: eviction), and at 10 s (``pharos.hot``'s) a burst of the popular model loaded a copy
-#: over a model asked for again seconds later, which the next burst's load evicted in turn
-#: (contrib/bench/placement-2026-12-02c, -07).
+#: over a model asked for again seconds later, which the next burst's load evicted in turn.
 SLOT_DEMAND_HALF_LIFE_SEC: Final = 30.0
 
 

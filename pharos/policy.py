@@ -1,87 +1,45 @@
-"""Routing policy (spec §7): pick the target that will produce the first token soonest.
+"""Routing policy: pick the target that will produce the first token soonest.
 
 ``pick(req, candidates, cfg)`` is pure: no I/O, no clock, no logging, and it imports nothing
-from Pharos, so it is a plain function over the value types defined here. The scheduler (§8)
-builds the candidates (residency, occupancy, prefix matches, learned estimates) and acts on the
-decision: take a slot on ``Decision.target_id``, or wait in the fair queue when ``enqueue`` is
-set (with ``target_id`` None: "waiting without a feasible target").
+from Pharos (it is compiled on its own, ``pharos.compiled``). The scheduler builds the
+candidates and acts on the decision: take a slot on ``Decision.target_id``, or wait in the
+fair queue when ``enqueue`` is set (with ``target_id`` None: no feasible target).
 
-Six policies share the signature (``POLICIES``): two that route, and four baselines that
-exist so a benchmark compares policies through Pharos (same admission, fair queue, retries and
-measurement) rather than by dispatching around it.
+Six policies share the signature (``POLICIES``): two that route, and four baselines, so that a
+benchmark compares policies through Pharos (same admission, queue, retries) rather than around
+it.
 
 ``cost``
-    The estimated time to first token in seconds, ``est_ttft = wait + load + prefill`` plus a
-    KV-pressure penalty (above ``kv_pressure_threshold`` part of the prefill a prefix match
-    saves is added back in proportion, ``KV_DISTRUST_MAX`` of it at 100 % usage: the cache is
-    likely to be evicted, so the match is trusted less), plus ``evict``: the prefill later
-    requests will pay for the live prefixes that taking this prompt in pushes out of the only
-    cache holding them (``Candidate.evict_tokens``, priced at the target's speed; a small
-    cache that holds a few system prompts otherwise gets each new one it is idle enough to
-    win, and the ones it drops pay later), plus ``reload``: a cold load's eviction price,
-    the reloads the idle models it pushes out of the host's memory are expected to cost
-    their next requests (``Candidate.reload_sec``, computed by the scheduler with
-    ``pharos.placement``). ``wait`` is the prefill Pharos has
-    already sent the target and that has not produced a first byte yet (engines compute prompts
-    in arrival order, so a free slot behind three long prompts still waits for them), plus,
-    without a free slot, the slot wait of spec §7, or, with a free slot but a KV pool that
-    cannot take the prompt's uncached tokens (``kv_free_tokens``: vLLM admits no request its
-    free blocks cannot hold), the wait for the first of the running requests to end
-    (``service_sec / (running + 1)``). The lowest wins; costs within
-    ``tie_window_sec`` (or ``TIE_WINDOW_SHARE`` of it) of the lowest tie, and ties go to the
-    lower utilization, then to the lower eviction price (``reload``), then to a
-    pseudo-random choice seeded by ``req.seed``.
+    The estimated time to first token, ``est_ttft = wait + load + prefill + kv_penalty +
+    evict + reload``: ``wait`` is the prefill already sent the target without a first byte
+    (engines compute prompts in arrival order), plus the slot wait without a free slot, or
+    the wait for a running request to end when the KV pool cannot take the prompt
+    (``kv_free_tokens``); ``kv_penalty`` takes back part of what a prefix match saves under
+    KV pressure (the cache is likely to be evicted); ``evict`` is the prefill later requests
+    pay for the live prefixes this prompt pushes out of the only cache holding them;
+    ``reload`` a cold load's eviction price (``pharos.placement``). The lowest wins; costs
+    within the tie window go to the lower utilization, the lower eviction price, then the
+    request's seed.
 ``least-load``
-    Utilization only (ties to the seed, no price read), the escape hatch if the estimates
-    misbehave on a fleet.
-``round-robin``
-    The feasible candidates in target id order, turn ``req.seq`` (the scheduler counts the
-    model's routed requests, so the function stays pure).
-``random``
-    The feasible candidate with the lowest seeded rank (uniform over them, ``req.seed``).
-``p2c``
-    Power of two choices: the two feasible candidates with the lowest seeded ranks, the less
-    utilized of them (the first drawn on a tie).
-``prefix-hash``
-    Rendezvous hashing on the prompt's root prefix (``req.root``): the feasible candidate with
-    the highest rank of the root, so a system prompt keeps one engine while the set is stable;
-    ``p2c`` without a root.
+    Utilization only (ties to the seed): the escape hatch if the estimates misbehave.
+``round-robin``, ``random``, ``p2c``, ``prefix-hash``
+    Baselines over least-load's feasibility: turn ``req.seq`` in target id order; the lowest
+    seeded rank; the less utilized of the two lowest ranks; rendezvous hashing on the root
+    prefix (``p2c`` without one).
 
-The baselines read no estimate: feasibility is least-load's (only a cold load that won't fit
-is set aside), and the chosen target without a free slot means waiting in the fair queue as
-for any policy.
+A pick computes only what selection reads; the decision's wording and every candidate's full
+terms are built from the pick's working set when first read (``Decision``, ``pharos.reasons``).
+The estimate is written twice for that, in full in ``_Fleet.terms`` and inlined in the hot loop
+``_select_cost``: a new cost term goes in both, and a property test compares the two.
 
-All six report every candidate's ``Score`` (for explain, the status page and tests) and none
-ever picks a candidate that is set aside (a cold load that would not fit). A pick computes only
-what selection reads: each candidate's estimate (cost) or utilization (least-load) and
-set-aside reason, the tied candidates' utilization, and the winner. The decision's reason,
-outcome and guards, and every candidate's full terms, are built from the pick's working set
-when first read (``Decision``). The estimate is written twice for that: in full in
-``_Fleet.terms`` and inlined in the hot loop ``_select_cost``. A new cost term goes in both (a
-``Candidate`` field, its term in each est_ttft, and in ``Score`` to show it); a property test
-compares the two over every ``Candidate`` field.
+Unknown is ``None``, never 0: an unknown speed or time falls back to the candidates' median,
+then to the documented default, and the score's ``fallbacks`` say so.
 
-Unknown is ``None``, never 0: an unknown prefill speed, load time or service time falls back to
-the median over the candidates that know it, then to the documented default below, and the
-score's ``fallbacks`` (and the decision's reason, for the winner) say so.
-
-Guards (spec §7 and the related systems' load guards), each with a documented default in
-``PolicyConfig``:
-
-* bounded load: a target already holding ``ceil((1 + epsilon) × (in_flight + 1) / n)`` of the
-  model's in-flight requests is set aside, so a hot prefix cannot melt one engine, unless it
-  holds fewer than ``BOUNDED_LOAD_MIN_INFLIGHT`` or half its slots (a share of a few requests
-  is noise); some target always qualifies: the guard steps back when it would leave none;
-* KV pressure: above ``kv_pressure_threshold`` the match is trusted less (the penalty above),
-  by at most ``KV_DISTRUST_MAX`` of what it saves, so a target holding the prompt still beats
-  one holding nothing; when (nearly) every candidate is above, the guard is waived for all
-  (``kv_waived``): a fleet full everywhere would otherwise lose its cache signal;
-* session affinity: a request naming its conversation (``RouteReq.affinity``: the target its
-  session last used) goes back there while that target is feasible and has a free slot;
-* hot-prefix spreading is the scheduler's (it prices extra owners of a hot root prefix as
-  holding it, through ``matched_tokens``).
-
-A guard sets a score's ``set_aside`` to its reason, and selection skips any score set aside.
+Guards, each with a default in ``PolicyConfig``: bounded load sets aside a target holding more
+than its share of the model's requests (a hot prefix cannot melt one engine); KV pressure
+trusts a match less above the threshold, waived when nearly every candidate is above;
+session affinity sends a request back to its session's target while it has a free slot.
+Hot-prefix spreading is the scheduler's. A guard sets a score's ``set_aside`` to its reason.
 """
 
 from __future__ import annotations
@@ -93,7 +51,7 @@ from typing import Final, Literal, TypeAlias
 
 PolicyName: TypeAlias = Literal["cost", "least-load", "round-robin", "random", "p2c",
                                 "prefix-hash"]
-#: Why the target won: the ``route`` outcomes of spec §13. ``cache``: its cached prefix
+#: Why the target won: the ``route`` outcomes. ``cache``: its cached prefix
 #: outweighed load; ``warm``: its loaded model did (whichever saved more against the least
 #: utilized other target); ``least_loaded``: it was strictly the least utilized, or it won on
 #: wait or prefill speed alone; ``only_choice``: no other candidate was feasible.
@@ -109,15 +67,14 @@ LOAD_SEC_DEFAULT: Final = 10.0
 SERVICE_SEC_DEFAULT: Final = 5.0
 #: Estimated TTFTs closer than this tie...
 TIE_WINDOW_SEC: Final = 0.001
-#: ...or closer than this share of the lowest: the learned per-target speeds behind an
-#: estimate are noisy to about this much, and letting that noise decide unbalanced a fleet with
-#: nothing cached (w6 at 3 req/s: 29/34/44 requests per engine) where utilization spreads it.
+#: ...or closer than this share of the lowest: the learned speeds behind an estimate are noisy
+#: to about this much, and letting that noise decide unbalanced a fleet with nothing cached.
 TIE_WINDOW_SHARE: Final = 0.1
 #: KV cache usage above which a prefix match is trusted less (it is likely to be evicted).
 KV_PRESSURE_THRESHOLD: Final = 0.9
 #: The most of a match's saved prefill the KV-pressure guard takes back (at 100 % usage): a
-#: target holding the prompt still costs less than one holding nothing. Taking all of it back
-#: erased the cache signal on a busy fleet (hit rate 0.40, issue 10).
+#: target holding the prompt still costs less than one holding nothing (taking all of it back
+#: erased the cache signal on a busy fleet).
 KV_DISTRUST_MAX: Final = 0.5
 #: The guard is waived for every candidate when at most this share of those reporting KV
 #: usage is at or below the threshold: a fleet that is full everywhere (as engines under
@@ -136,11 +93,8 @@ SET_ASIDE_BOUNDED_LOAD: Final = "bounded load"
 BOUNDED_LOAD_EPSILON: Final = 1.0
 #: Bounded load sets aside no target with fewer of Pharos's requests in flight than this or
 #: half its slots, whichever is less: a share of a handful of requests is noise, not a melting
-#: engine. W1 at 6 req/s has about 10 requests in flight over three 64-slot engines, so the
-#: bound was often 4 to 6, and the guard sent a system prompt away from its holder at as few
-#: as 4 in flight (11 of 99 misses over five seeds directly); each such copy pushed another
-#: prompt out of a cache that holds three or four, and the copies and evictions that followed
-#: made most of the rest (contrib/bench/w1-2026-12-02b).
+#: engine, and sending a system prompt away from its holder at 4 in flight pushed other
+#: prompts out of small caches.
 BOUNDED_LOAD_MIN_INFLIGHT: Final = 8
 #: ``Score.fallbacks`` entry of a cold load whose memory headroom is unknown (taken as feasible).
 FITS_IF_COLD_UNKNOWN: Final = "fits_if_cold=unknown"
@@ -174,8 +128,8 @@ class Candidate:
     target_id: int
     #: Model residency; None: the engine reports none (its one model is always loaded).
     warm: bool | None
-    capacity: int  # slots, >= 1: engine-reported, config, or the §8 fallback
-    free_slots: int  # capacity - occupied (§8); <= 0 means saturated
+    capacity: int  # slots, >= 1: engine-reported, config, learned, or the fallback
+    free_slots: int  # capacity - occupied; <= 0 means saturated
     queue_ahead: int  # router waiters (all instances) + engine-reported waiting
     kv_usage: float | None  # 0..1
     matched_tokens: int  # estimated tokens of the prompt the target holds in its prefix cache
@@ -213,13 +167,13 @@ class Candidate:
     #: queued at it and reported no queue at its last round: it may run more. A target holding
     #: the prompt's root is then given a slot past it while nothing queues ahead
     #: (``pharos.sched.with_match``): priced as full, its hits went to engines without the
-    #: prompt, whose small caches the prompt then pushed others out of (issue 10 item 2).
+    #: prompt, whose small caches the prompt then pushed others out of.
     capacity_open: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """The policy and its documented defaults (spec §7 ``policy.Defaults``)."""
+    """The policy and its documented defaults."""
 
     name: PolicyName = "cost"
     prefill_sec_per_token_default: float = PREFILL_SEC_PER_TOKEN_DEFAULT
@@ -298,9 +252,9 @@ class Decision:
     """Where the request goes, and why.
 
     A pick decides the target and whether to queue, and nothing else: what people read (the
-    ``reason``, the §13 outcome ``why``, the ``guards`` that acted) and every candidate's full
+    ``reason``, the route outcome ``why``, the ``guards`` that acted) and every candidate's full
     terms (``score_terms``, ``scores``) are built from the pick's working set when first read,
-    and kept. Building them on every pick was most of a decision (issue 10 item 6), while only
+    and kept. Building them on every pick was most of a decision, while only
     a request that gets its reply headers reads the reason, and only explain, the status page
     and tests read the rest: a waiter placed again on every release reads none of it. The
     scheduler reads ``target_terms``. Equality and the hash cover all of it, so a decision is
@@ -318,7 +272,7 @@ class Decision:
 
     @property
     def why(self) -> Why | None:
-        """The §13 route outcome; None without a target."""
+        """The route outcome; None without a target."""
         return self._scored.explanation()[1]
 
     @property
@@ -567,8 +521,12 @@ class _Fleet:
                 evict, reload)
 
 
-#: What a decision says to people: its reason, its §13 outcome and the guards that acted.
+#: What a decision says to people: its reason, its route outcome and the guards that acted.
 Explanation: TypeAlias = tuple[str, Why | None, tuple[str, ...]]
+#: Each kind of decision's wording (``_Scored.kind``: "none", "cost", "least-load",
+#: "baseline"), filled by ``pharos.reasons.install``: the policy, compiled on its own, imports
+#: nothing of Pharos, and a pick words nothing unless asked.
+EXPLAIN: dict[str, Callable[[_Scored], Explanation]] = {}
 
 
 class _Scored:
@@ -577,8 +535,9 @@ class _Scored:
     (``terms_at``, ``all_terms``), the utilization column under cost (``util``) and the
     decision's explanation (``explanation``)."""
 
-    __slots__ = ("_all", "_explained", "_some", "_util", "aside", "best", "candidates", "est",
-                 "explain", "feasible", "fleet", "limit", "sticky", "tie", "win", "window")
+    __slots__ = ("_all", "_explained", "_some", "_util", "aside", "base_why", "best",
+                 "candidates", "est", "feasible", "fleet", "kind", "limit", "sticky", "tie",
+                 "win", "window")
 
     def __init__(self, fleet: _Fleet) -> None:
         self.fleet = fleet
@@ -596,7 +555,9 @@ class _Scored:
         #: What broke a tie: "utilization", "eviction price", "seed"; None: no tie.
         self.tie: str | None = None
         self.window = self.limit = 0.0  # cost's tie window and the estimate it reaches
-        self.explain: Callable[[_Scored], Explanation] = _explain_no_target
+        #: Which ``EXPLAIN`` words it ("none": no target), and a baseline's outcome.
+        self.kind = "none"
+        self.base_why: Why = "baseline"
         self._explained: Explanation | None = None
         self._some: dict[int, ScoreTerms] = {}
         self._all: tuple[ScoreTerms, ...] | None = None
@@ -632,9 +593,9 @@ class _Scored:
         return self._all
 
     def explanation(self) -> Explanation:
-        """The decision's reason, outcome and guards, built by its policy on the first read."""
+        """The decision's reason, outcome and guards, worded on the first read."""
         if self._explained is None:
-            self._explained = self.explain(self)
+            self._explained = EXPLAIN[self.kind](self)
         return self._explained
 
 
@@ -833,114 +794,12 @@ def _no_target(scored: _Scored) -> Decision:
     return Decision(None, bool(scored.candidates), scored)
 
 
-def _explain_no_target(scored: _Scored) -> Explanation:
-    if not scored.candidates:
-        return "no candidates", None, ()
-    return f"no feasible target: {_set_aside_note(scored)}", None, ()
-
-
-def _set_aside_note(scored: _Scored) -> str:
-    return ", ".join(f"{n} set aside ({why})" for why, n in scored.aside.items())
-
-
-def _secs(x: float) -> str:
-    if x < 0.1:
-        return f"{x * 1000:.0f}ms"
-    return f"{x:.2f}".rstrip("0").rstrip(".") + "s"
-
-
-def _tokens(n: int) -> str:
-    if n < 1000:
-        return str(n)
-    return f"{n / 1000:.1f}".rstrip("0").rstrip(".") + "k"
-
-
-def _label(c: Candidate) -> str:
-    """The candidate's state in a reason: warm, loading or cold, and full without a free slot."""
-    state = ("loading" if c.loading else "cold") if c.warm is False else "warm"
-    if c.free_slots <= 0:
-        return f"{state}, full"
-    if c.capacity_open and c.inflight >= c.capacity:
-        return f"{state}, past its learned capacity"
-    return state
-
-
-def _decide(scored: _Scored, win: int, explain: Callable[[_Scored], Explanation]) -> Decision:
-    """The decision for candidate ``win``: its explanation is ``explain``'s, built when read."""
+def _decide(scored: _Scored, win: int, kind: str) -> Decision:
+    """The decision for candidate ``win``: its explanation is ``EXPLAIN[kind]``'s, when read."""
     c = scored.candidates[win]
     scored.win = win
-    scored.explain = explain
+    scored.kind = kind
     return Decision(c.target_id, c.free_slots <= 0, scored)
-
-
-def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
-    """The notes every policy's reason ends with (queueing, guards set aside, assumed inputs,
-    the KV-pressure guard), and the guards that acted."""
-    win = scored.win
-    if scored.candidates[win].free_slots <= 0:
-        parts.append("queued: no free slot")
-    if scored.aside:
-        parts.append(_set_aside_note(scored))
-    fallbacks = scored.terms_at(win)[_FALLBACKS]
-    if fallbacks:
-        parts.append("assumed " + ", ".join(fallbacks))
-    guards: tuple[str, ...] = ()
-    fleet = scored.fleet
-    if fleet.kv_waived:
-        guards = (KV_WAIVED,)
-        parts.append("kv pressure waived (every candidate above the threshold)")
-    elif discounted := fleet.kv_discounted:
-        guards = (KV_DISCOUNTED,)
-        parts.append(f"kv pressure discounted {discounted} match"
-                     + ("es" if discounted > 1 else ""))
-    return ", ".join(parts), why, guards
-
-
-def _alternatives(scored: _Scored) -> tuple[int, int]:
-    """The cost winner's two yardsticks among the other feasible candidates, in one pass:
-    the reference ``_why`` measures it against (the least utilized, then the lowest
-    est_ttft, then the lowest target id; -1 when the winner is strictly the least utilized or
-    alone) and the runner-up its reason names (the lowest est_ttft, the first in candidate
-    order among equals; -1 when alone)."""
-    candidates, ests, win = scored.candidates, scored.est, scored.win
-    ref, ref_util, ref_est, ref_id = -1, 0.0, 0.0, 0
-    runner, runner_est = -1, 0.0
-    for i in scored.feasible:
-        if i == win:
-            continue
-        est = ests[i] or 0.0
-        if runner < 0 or est < runner_est:
-            runner, runner_est = i, est
-        c = candidates[i]
-        u = (c.capacity - c.free_slots + c.queue_ahead) / c.capacity  # as in _Scored.util
-        if ref < 0 or u < ref_util or (u == ref_util and (
-                est < ref_est or (est == ref_est and c.target_id < ref_id))):
-            ref, ref_util, ref_est, ref_id = i, u, est, c.target_id
-    if ref >= 0 and scored.util_at(win) < ref_util:
-        ref = -1
-    return ref, runner
-
-
-def _why(scored: _Scored, ref: int) -> Why:
-    """What the cost winner saved against the least utilized alternative ``ref`` (spec §13
-    ``route``; ``_alternatives`` finds it so that the outcome never depends on the seed).
-
-    A winner that is strictly the least utilized won on load alone: ``least_loaded``.
-    Otherwise ``warm`` if the load it avoids is the larger saving, ``cache`` if the prefill its
-    cached prefix avoids is, and ``least_loaded`` if it saved neither (it won on wait or on
-    prefill speed)."""
-    if ref < 0:
-        return "least_loaded"
-    win = scored.win
-    r, s = scored.terms_at(ref), scored.terms_at(win)
-    warm_saved = r[_LOAD] - s[_LOAD]
-    cache_saved = 0.0
-    if scored.candidates[win].matched_tokens > 0:
-        cache_saved = ((r[_PREFILL] + r[_KV_PENALTY] + r[_EVICT])
-                       - (s[_PREFILL] + s[_KV_PENALTY] + s[_EVICT]))
-    if warm_saved <= 0 and cache_saved <= 0:
-        return "least_loaded"
-    return "cache" if cache_saved > warm_saved else "warm"
 
 
 def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
@@ -960,40 +819,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
         ties = [i for i in scored.feasible if (ests[i] or 0.0) <= limit]
         win, tie = _break_tie(ties, scored, req.seed, reload=True)
     scored.sticky, scored.tie, scored.window, scored.limit = sticky is not None, tie, window, limit
-    return _decide(scored, win, _explain_cost)
-
-
-def _explain_cost(scored: _Scored) -> Explanation:
-    """A cost decision's reason: the winner's state and cached tokens, its estimate against
-    the runner-up's (the feasible candidate with the next lowest estimate), what broke a tie;
-    and its §13 outcome."""
-    candidates, ests, win = scored.candidates, scored.est, scored.win
-    c, win_est = candidates[win], ests[win]
-    assert win_est is not None
-    ref, runner = _alternatives(scored)
-    why: Why
-    if len(scored.feasible) == 1:
-        why = "only_choice"
-    elif scored.sticky and win_est > scored.limit:
-        why = "affinity"
-    else:
-        why = _why(scored, ref)
-    parts = ["only choice", _label(c)] if why == "only_choice" else [_label(c)]
-    if scored.sticky:
-        parts.insert(0, "session affinity")
-    matched = min(c.matched_tokens, scored.fleet.prompt)
-    if matched > 0:
-        parts.append(f"{_tokens(matched)} cached tok")
-    if c.victims and c.warm is False and not c.loading:
-        parts.append(f"evicts {'+'.join(c.victims)} (reload {_secs(c.reload_sec)})")
-    if runner < 0:
-        parts.append(f"est {_secs(win_est)}")
-    else:
-        parts.append(f"est {_secs(win_est)} vs {_secs(ests[runner] or 0.0)} "
-                     f"({_label(candidates[runner])})")
-    if scored.tie is not None:
-        parts.append(f"tie within {_secs(scored.window)} broken by {scored.tie}")
-    return _explained(scored, why, parts)
+    return _decide(scored, win, "cost")
 
 
 def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
@@ -1008,26 +834,6 @@ def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
     return None
 
 
-#: The cost terms ``deciding_term`` compares.
-TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict", "reload")
-
-
-def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
-    """The cost term that put the winner furthest ahead of the runner-up (the feasible
-    candidate with the next lowest estimate); None without a winner or a runner-up, or when
-    the winner was not ahead on any term (a tie broken by utilization or seed)."""
-    mine = next((s for s in scores if s.target_id == winner), None)
-    if mine is None:
-        return None
-    others = [s for s in scores if s.target_id != winner and s.est_ttft is not None]
-    if not others:
-        return None
-    runner = min(others, key=lambda s: (s.est_ttft or 0.0, s.target_id))
-    gains = {t: getattr(runner, t) - getattr(mine, t) for t in TERMS}
-    term = max(TERMS, key=lambda t: gains[t])
-    return term if gains[term] > 0 else None
-
-
 def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest utilization wins (ties to the request's seed), among feasible candidates
     only. Enqueue when the winner has no free slot."""
@@ -1035,29 +841,7 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
     if not scored.feasible:
         return _no_target(scored)
     win, scored.tie = _break_tie(scored.feasible, scored, req.seed)
-    return _decide(scored, win, _explain_least_load)
-
-
-def _explain_least_load(scored: _Scored) -> Explanation:
-    """A least-load decision's reason: the winner's state and utilization against the
-    runner-up's (the next least utilized feasible candidate), and whether the seed broke a
-    tie."""
-    candidates, utils, win = scored.candidates, scored.util, scored.win
-    only = len(scored.feasible) == 1
-    why: Why = "only_choice" if only else "least_loaded"
-    parts = ["only choice" if only else "least loaded", _label(candidates[win])]
-    runner, runner_util = -1, 0.0
-    for i in scored.feasible:
-        if i != win and (runner < 0 or utils[i] < runner_util):
-            runner, runner_util = i, utils[i]
-    if runner < 0:
-        parts.append(f"util {utils[win]:.0%}")
-    else:
-        parts.append(f"util {utils[win]:.0%} vs {runner_util:.0%} "
-                     f"({_label(candidates[runner])})")
-    if scored.tie == "seed":
-        parts.append("equal utilization broken by seed")
-    return _explained(scored, why, parts)
+    return _decide(scored, win, "least-load")
 
 
 def _rotation(scored: _Scored) -> list[int]:
@@ -1076,23 +860,13 @@ def _drawn(scored: _Scored, seed: int) -> list[int]:
 def _baseline(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig,
               choose: Callable[[RouteReq, _Scored], tuple[int, str, Why]]) -> Decision:
     """A baseline's decision: least-load's feasibility and utilization, ``choose``'s winner
-    (its index, the reason's lead and the §13 outcome)."""
+    (its index, the reason's lead and the route outcome)."""
     scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
     win, lead, why = choose(req, scored)
-    scored.tie = lead
-    return _decide(scored, win, lambda s: _explain_baseline(s, why))
-
-
-def _explain_baseline(scored: _Scored, why: Why) -> Explanation:
-    """A baseline's reason: how it chose (kept in ``tie``), the winner's state and
-    utilization."""
-    c, win = scored.candidates[scored.win], scored.win
-    if len(scored.feasible) == 1:
-        why = "only_choice"
-    parts = [scored.tie or "", _label(c), f"util {scored.util_at(win):.0%}"]
-    return _explained(scored, why, parts)
+    scored.tie, scored.base_why = lead, why
+    return _decide(scored, win, "baseline")
 
 
 def _choose_round_robin(req: RouteReq, scored: _Scored) -> tuple[int, str, Why]:
@@ -1161,5 +935,5 @@ POLICIES: Final[dict[str, Callable[[RouteReq, Sequence[Candidate], PolicyConfig]
 
 
 def pick(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
-    """Route one request with the configured policy (spec §7 ``Pick``)."""
+    """Route one request with the configured policy."""
     return POLICIES[cfg.name](req, candidates, cfg)

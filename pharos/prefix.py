@@ -1,8 +1,8 @@
-"""Prefix index (spec §6): which target most likely holds a request's prompt prefix in its cache.
+"""Prefix index: which target most likely holds a request's prompt prefix in its cache.
 
 A chained hash per message, not a character radix tree: bounded memory, and no prompt text is
 ever stored, only 64-bit hashes and byte lengths. Pure: no I/O, no clock (timestamps are passed
-in), no locking (the reactor is single-threaded, DESIGN §4).
+in), no locking (the reactor is single-threaded).
 
 Chain (``chain``)::
 
@@ -32,7 +32,7 @@ differ. The full 32-byte digest is chained; each link's key is its first 8 bytes
   message on the next turn. Only a message or tools carrying the marker hash any differently
   from before (state files and peers keep their hashes).
 * The tools' canonical JSON bytes count towards the first link's length: the engine renders and
-  caches them with the system message (tools and the system message are one unit, §6).
+  caches them with the system message (tools and the system message are one unit).
 * A completion or Ollama generate prompt is split into fixed 1 KiB blocks of its UTF-8 bytes, one
   link each (the last block may be shorter). A prompt of token ids is 4 bytes per token (so 256
   tokens per block, and its matched bytes / 4 are exact tokens); a batch of prompts has no chain.
@@ -43,10 +43,7 @@ Index (``PrefixIndex``): an LRU over entries keyed by the 64-bit link hash, defa
 Each entry holds up to 4 ``(target_id, gen, last_used, source)`` slots; on a 5th target the
 least recently used slot goes, and on a tie in ``last_used`` the first arrival keeps it.
 
-Memory (``pharos bench memory``: CPython 3.11, ``tracemalloc``, the default 200k entries full
-and turned over once): 138 B an entry (27.4 MB) when every record is one link, the worst case,
-and 107 B (21.2 MB) for conversations over shared system prompts on 3 targets; an OrderedDict of
-slot lists and slot objects took 233-481 B (47-96 MB). What makes it small: plain dicts in
+Memory (``pharos bench memory``): about 110-140 B an entry, kept small by plain dicts in
 shards that never leave a 2**16-row table (``SHARD_ENTRIES``), a slot packed into one int, and
 one such int shared by every link a record writes.
 
@@ -55,7 +52,7 @@ request then fails must not keep entries alive; a success records, which touches
 touches its links from the longest to the shortest, so the shared short prefixes end up most
 recent and the capacity bound evicts the deep links of old conversations first.
 
-Replication (§6, §12): ``export`` returns the live entries, most recently used first, naming
+Replication: ``export`` returns the live entries, most recently used first, naming
 targets by their wire key; ``merge`` applies snapshot entries and peer ``PrefixOp`` deltas as
 local records and removals, stamped with the receiver's current generation.
 """

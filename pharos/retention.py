@@ -2,11 +2,10 @@
 
 A prompt sent to a target that does not hold its root prefix (the tools and system message)
 makes that cache take the root in; an engine whose cache holds only a few roots then evicts
-the least recently used one, and the next request for that root pays its prefill again
-(issue 10: a per-request TTFT minimum that sent prompts to idle engines without them kept
-evicting what those small caches held; production-stack's prefixaware, which never moves a
-prompt, had the better tail). The policy prices that like a model eviction: the prefill of
-the live roots a choice pushes out of the only cache that holds them.
+the least recently used one, and the next request for that root pays its prefill again (a
+per-request TTFT minimum that sends prompts to idle engines keeps evicting what small caches
+hold). The policy prices that like a model eviction: the prefill of the live roots a choice
+pushes out of the only cache that holds them.
 
 Per target, an LRU of the roots Pharos sent it (their estimated tokens), and how many root
 tokens it retains, learned from replies rather than modelled from block counts: a root found
@@ -18,14 +17,13 @@ retention prices nothing (``None``, never a guess).
 Pure: no clock (times are passed in), bounded (``ROOTS_PER_TARGET`` roots a target,
 ``LIVE_ROOTS`` roots' last use).
 
-Replicated (spec §12, an optional ``roots`` part of the snapshot): a restarted instance that
-restored prefix entries without this picture cannot tell a stale entry from a live one and
-pays a miss for each (contrib/bench/peers-2026-12-02). ``export`` names targets by key and
-gives each root its last send time there; ``merge`` keeps, per target and root, the latest
-send (the LRU order is the order of those times), and the retention learned last (a tie:
-the larger). Both are maxima, so merging is idempotent and any order of merges gives the
-same picture; a root sent before this instance saw the target's cache start empty
-(``forget``) is not taken back.
+Replicated (an optional ``roots`` part of the snapshot): a restarted instance that restored
+prefix entries without this picture cannot tell a stale entry from a live one. ``export``
+names targets by key and gives each root its last send time there; ``merge`` keeps, per
+target and root, the latest send (the LRU order is the order of those times), and the
+retention learned last (a tie: the larger). Both are maxima, so merging is idempotent and any
+order of merges gives the same picture; a root sent before this instance saw the target's
+cache start empty (``forget``) is not taken back.
 """
 
 from __future__ import annotations
@@ -247,7 +245,7 @@ class RootCaches:
         if now is not None:
             self._forgot_at[target] = now
 
-    # --- replication (spec §12) ---------------------------------------------------------------
+    # --- replication ---------------------------------------------------------------------
 
     def export(self, key_of: Callable[[int], str | None]) -> list[RootsRow]:
         """Every target's picture (those ``key_of`` names), ``ROW_ROOTS`` roots a row, least

@@ -49,7 +49,7 @@ from pharos.peer.statefile import StateFile
 from pharos.peer.wire import fingerprint
 from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
-from pharos.prefix import PrefixIndex
+from pharos.prefix import PrefixIndex, PrefixOp
 from pharos.proxy.admin import ConfigAdmin
 from pharos.proxy.admin_api import AdminAPI
 from pharos.proxy.body import MAX_BODY_BYTES, bounded_request_factory
@@ -65,7 +65,7 @@ from pharos.proxy.site import Authorized, PublicRoot
 from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.responses import ConversationStore, StoreCollector, read_key
-from pharos.sched import Guards, Scheduler
+from pharos.sched import Guards, RouteSettings, Scheduler
 from pharos.shadow import Shadow
 from pharos.state.logs import default_feeds
 from pharos.state.registry import BackendState
@@ -103,47 +103,36 @@ def listen_error(e: CannotListenError) -> str:
     return f"cannot listen on {e.interface or '*'}:{e.port}: {why}"
 
 
-# --- the scheduler's wiring ------------------------------------------------------------------
-#
-# The one place the service sets attributes of the Scheduler after constructing it (its
-# policy and guards, the models' cost models, and the route and prefix subscribers). It
-# stays here until ``pharos.sched`` takes them as constructor arguments and a ``reconfigure``
-# method; every other collaborator in this module is a constructor argument.
+def routing(config: Config, fleet: Fleet) -> RouteSettings:
+    """The scheduler's reloadable settings: the policy's config, the guards and the models'
+    cost models."""
+    return RouteSettings(policy_config(config), guards_of(config), fleet.cost_models())
 
 
-def wire_scheduler(sched: Scheduler, live: Live, *,
-                   on_route: Callable[..., None] | None = None,
-                   on_prefix: Callable[..., None] | None = None) -> None:
-    """Put ``live``'s routing in force on ``sched`` (at start and on each reload) and, at
-    start, its subscribers."""
-    sched.policy, sched.guards = routing(live.config)
-    sched.model_costs = live.fleet.cost_models()
-    if on_route is not None:
-        sched.on_route = on_route
-    if on_prefix is not None:
-        sched.on_prefix = on_prefix
-
-
-def routing(config: Config) -> tuple[PolicyConfig, Guards]:
-    """The policy's config and the scheduler's guards from ``policy:`` and ``routing:``."""
+def guards_of(config: Config) -> Guards:
+    """The scheduler's guards from ``routing:``."""
     r = config.routing
-    policy = PolicyConfig(name=config.policy, kv_pressure_threshold=r.kv_pressure_threshold,
-                          bounded_load_epsilon=r.bounded_load_epsilon,
-                          session_affinity=r.session_affinity)
-    guards = Guards(hot_prefix_utilization=r.hot_prefix_utilization,
-                    eviction_pricing=r.eviction_pricing,
-                    placement=ReplicaRule(utilization=r.replica_utilization,
-                                          wait_bound_sec=r.load_wait_bound,
-                                          swap_grouping=r.swap_grouping))
-    return policy, guards
+    return Guards(hot_prefix_utilization=r.hot_prefix_utilization,
+                  eviction_pricing=r.eviction_pricing,
+                  placement=ReplicaRule(utilization=r.replica_utilization,
+                                        wait_bound_sec=r.load_wait_bound,
+                                        swap_grouping=r.swap_grouping))
 
 
 def live_of(config: Config, generation: int) -> Live:
     """The live value of ``config``: its key ring and its fleet of models (``models:``,
     ``routing.split``/``shadow``) as generation ``generation``."""
     r = config.routing
-    fleet = Fleet(config.models, routing(config)[0], r.split, r.shadow, generation)
+    fleet = Fleet(config.models, policy_config(config), r.split, r.shadow, generation)
     return Live.of(config, fleet)
+
+
+def policy_config(config: Config) -> PolicyConfig:
+    """The policy's config from ``policy:`` and ``routing:``."""
+    r = config.routing
+    return PolicyConfig(name=config.policy, kv_pressure_threshold=r.kv_pressure_threshold,
+                        bounded_load_epsilon=r.bounded_load_epsilon,
+                        session_affinity=r.session_affinity)
 
 
 # --- reloads ---------------------------------------------------------------------------------
@@ -179,7 +168,7 @@ class Reconfigure:
     def __call__(self, config: Config) -> None:
         old = self.live.now
         new = self.live.now = live_of(config, old.fleet.generation + 1)
-        wire_scheduler(self.sched, new)
+        self.sched.reconfigure(routing(config, new.fleet))
         self.shadow.set_fleet(new.fleet)
         self.discovery.set_static(config.backends, config.dns_backends)
         if old.fleet.names != new.fleet.names:  # a changed rename re-resolves those backends
@@ -288,9 +277,6 @@ class PharosService(MultiService):
                       on_round=on_round, on_down=inflight.backend_down,
                       on_decision=lambda b, stage, outcome: metrics.decision(b, stage, outcome))
         live = LiveConfig(live_of(config, 0))
-        policy, guards = routing(config)
-        sched = Scheduler(state, policy, index=PrefixIndex(config.routing.prefix_entries),
-                          guards=guards)
         u = config.usage
         peer_node: PeerNode | None = None
 
@@ -298,14 +284,23 @@ class PharosService(MultiService):
             if peer_node is not None:
                 peer_node.kick()
 
-        # Usage cells and quotas; the origin is this process until the state file keeps one.
-        ledger = Ledger(reactor, origin=uuid.uuid4().hex, timezone=u.timezone,
-                        retention_days=u.retention_days,
-                        on_reserve=reserved if config.peers is not None else None)
+        def prefix_op(op: PrefixOp) -> None:  # the peer node is made from the scheduler
+            if peer_node is not None:
+                peer_node.push(op)
+
         # Shadow policies run off the request path.
         shadow_log = (Journal(config.observability.shadow_log, IReactorFromThreads(reactor))
                       if config.observability.shadow_log else None)
         shadow = Shadow(reactor, live.now.fleet, lambda: sched.policy, shadow_log)
+        sched = Scheduler(state, routing(config, live.now.fleet),
+                          index=PrefixIndex(config.routing.prefix_entries),
+                          on_route=shadow.offer,
+                          on_prefix=prefix_op if config.peers is not None else None)
+
+        # Usage cells and quotas; the origin is this process until the state file keeps one.
+        ledger = Ledger(reactor, origin=uuid.uuid4().hex, timezone=u.timezone,
+                        retention_days=u.retention_days,
+                        on_reserve=reserved if config.peers is not None else None)
         journal = Journal(u.journal, IReactorFromThreads(reactor)) if u.journal else None
         dl = config.observability.decision_log
         decision_log = (DecisionLog(dl.path, dl.sample_rate, IReactorFromThreads(reactor),
@@ -331,8 +326,6 @@ class PharosService(MultiService):
                 restore=lambda data: restore_bytes(replicas, data, reactor), tick=peer_tick)
             restore_sources.append(peer_node.pull_all)
             on_leaving.append(peer_node.leave)
-        wire_scheduler(sched, live.now, on_route=shadow.offer,
-                       on_prefix=peer_node.push if peer_node is not None else None)
         conversations = ConversationState()
         if config.responses.store:
             # Checked by load_config too; read again here, so a key that went away since

@@ -1,7 +1,7 @@
 """The lease watchdog: a lease older than the drain timeout whose reply moved no
 byte for a whole check period is a request nothing will end. The request path is built so
 that this never happens; the watchdog is how an operator would learn that it did. It logs
-each such lease once (target and age, no prompt text) and counts it (``Scheduler.stuck``)."""
+each such lease once (target and age, no prompt text) and counts it (``WaitQueue.stuck``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Watchdog(Periodic):
             silent = now - (lease.moved_at if lease.moved_at is not None else lease.granted_at)
             if age > self.older_than and silent >= self.every and id(lease) not in self._reported:
                 self._reported.add(id(lease))
-                self.sched.stuck += 1
+                self.sched.queue.stuck += 1
                 found.append(lease)
                 log.warn("lease on {target} held {age:.0f} s, no byte for {silent:.0f} s",
                          target=lease.target.key, age=age, silent=silent)

@@ -52,7 +52,7 @@ from pharos.engine.fetch import Fetched
 from pharos.engine.library import LLAMASWAP, OLLAMA
 from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
-from pharos.sched import Guards, Lease, SchedRequest, Scheduler
+from pharos.sched import Guards, Lease, RouteSettings, SchedRequest, Scheduler
 from pharos.sim.double import EngineDouble
 from pharos.sim.model import (
     DEFAULT_DECODE_S,
@@ -225,9 +225,9 @@ def run_one(cfg: FleetConfig, policy: str, seed: int, *,
     sched: Scheduler | None = None
     if policy in PHAROS_POLICIES:
         state = State(clock, None, rng=rng.random, fetcher_for=lambda spec: by_url[spec.url])
-        sched = Scheduler(state, PolicyConfig(name=policy),  # type: ignore[arg-type]
-                          seed=lambda: rng.getrandbits(63),
-                          guards=Guards(placement=rule or ReplicaRule()))
+        sched = Scheduler(state, RouteSettings(PolicyConfig(name=policy),  # type: ignore[arg-type]
+                                         Guards(placement=rule or ReplicaRule())),
+                          seed=lambda: rng.getrandbits(63))
         state.on_round = lambda b: sched.kick() if sched is not None else None
         state.set_backends([
             BackendSpec(url=h.url, kind=cfg.kind, capacity=cfg.slots,  # type: ignore[arg-type]

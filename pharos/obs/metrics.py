@@ -356,7 +356,7 @@ class Metrics(Collector):
         paced = CounterMetricFamily("pharos_queue_paced", "Grants held back until the "
                                     "prefills already sent to the target started: a key over "
                                     "its share while one under its share is active.")
-        paced.add_metric((), sched.paced)
+        paced.add_metric((), sched.queue.paced)
         yield paced
         m = CounterMetricFamily("pharos_prefix_predictions", "Prefix decisions of requests "
                                 "that had a prediction, by where the predicting slot came "

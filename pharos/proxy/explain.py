@@ -14,9 +14,10 @@ from typing import Any
 
 from pharos.config import COST_MODEL_FIELDS
 from pharos.engine.library import OLLAMA
-from pharos.policy import Score, deciding_term
+from pharos.policy import Score
 from pharos.proxy import errors
 from pharos.proxy.parse import Parsed
+from pharos.reasons import deciding_term
 from pharos.sched import (
     Placement,
     SchedRequest,

@@ -235,7 +235,7 @@ def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random, writte
     from twisted.internet.task import Clock
 
     from pharos.config import Backend
-    from pharos.sched import SchedRequest, Scheduler
+    from pharos.sched import RouteSettings, SchedRequest, Scheduler
     from pharos.state.state import State
 
     engines = {f"http://10.0.{i // 250}.{i % 250}:8000": _Engine(rng.randint(0, 16),
@@ -243,7 +243,7 @@ def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random, writte
                for i in range(n)}
     clock = Clock()
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
-    sched = Scheduler(state, PolicyConfig())
+    sched = Scheduler(state, RouteSettings(PolicyConfig()))
     state.set_backends([Backend(url=url, kind="vllm", capacity=16) for url in engines])
     state.service.startService()
     clock.pump([1.0] * 6)  # a full round and load rounds: every signal known

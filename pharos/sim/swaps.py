@@ -20,7 +20,7 @@ from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.placement import ReplicaRule
 from pharos.policy import PolicyConfig
-from pharos.sched import Guards, Lease, SchedRequest, Scheduler
+from pharos.sched import Guards, Lease, RouteSettings, SchedRequest, Scheduler
 from pharos.state.state import State
 
 URL = "http://one-model-host:11434"
@@ -98,8 +98,8 @@ def run_swaps(rule: ReplicaRule, arrivals: Iterable[tuple[float, str]], *, slots
     host = OneModelHost(sorted({m for _, m in arrivals}))
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: host)
     seeds = iter(range(1, 1 << 30))
-    sched = Scheduler(state, PolicyConfig(), seed=lambda: next(seeds),
-                      guards=Guards(placement=rule))
+    sched = Scheduler(state, RouteSettings(PolicyConfig(), Guards(placement=rule)),
+                      seed=lambda: next(seeds))
     state.on_round = lambda b: sched.kick()
     state.set_backends([BackendSpec(url=URL, kind="ollama", memory_gb=memory_gb,
                                     capacity=slots, max_loaded_models=max_loaded_models)])

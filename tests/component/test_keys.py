@@ -324,13 +324,13 @@ async def test_a_flooding_keys_streamed_requests_are_paced_and_all_served() -> N
         await eventually(lambda: f.pharos.sched.leases, timeout=10)
         burst = [ensureDeferred(call(f, "POST", "/v1/chat/completions", heavy, stream(10)))
                  for _ in range(12)]
-        await eventually(lambda: f.pharos.sched.paced > 0, timeout=10)
+        await eventually(lambda: f.pharos.sched.queue.paced > 0, timeout=10)
         second = await within(ensureDeferred(call(f, "POST", "/v1/chat/completions", light,
                                                   stream(4))), 30)
         replies = await within(gatherResults(burst), 60)
         assert second[0] == 200 and all(code == 200 for code, _, _ in replies)
         assert (await within(first, 30))[0] == 200
         code, text, _ = await call(f, "GET", "/metrics", ADMIN)
-        assert code == 200 and f"pharos_queue_paced_total {f.pharos.sched.paced}.0" in text
+        assert code == 200 and f"pharos_queue_paced_total {f.pharos.sched.queue.paced}.0" in text
     finally:
         await f.stop()

@@ -25,7 +25,8 @@ from pharos.peer.membership import Membership
 from pharos.peer.node import ORIGIN_HEADER, PeerNode, TreqTransport
 from pharos.peer.site import peer_site
 from pharos.policy import PolicyConfig
-from pharos.sched import Scheduler
+from pharos.prefix import PrefixOp
+from pharos.sched import RouteSettings, Scheduler
 from pharos.state.state import State
 from pharos.usage import Ledger, Reservation
 from tests.support.capture_server import close, serve
@@ -58,12 +59,11 @@ class Pair:
 
 def side(name: str, pool: HTTPConnectionPool, secret: bytes) -> Side:
     state = State(reactor, None, fetcher_for=lambda spec: None)  # type: ignore[arg-type,return-value]
-    sched = Scheduler(state, PolicyConfig())
+    sched = Scheduler(state, RouteSettings(PolicyConfig()), on_prefix=lambda op: node.push(op))
     ledger = Ledger(reactor, origin=f"origin-{name}", timezone="UTC")
     peers = Peers(secret_file="/unused", listen=Listen(":0"))
     node = PeerNode(ledger.origin, lambda: "fp", sched, ledger,
                     TreqTransport(make_client(reactor, pool), secret), Membership(peers), reactor)
-    sched.on_prefix = node.push
     port, url = serve(peer_site(node, SECRET, None))
     return Side(node, ledger, port, url.removeprefix("http://"))
 
@@ -161,7 +161,13 @@ async def test_a_config_with_peers_builds_a_service_with_a_peer_listener(
                           f"listen: '127.0.0.1:{port}', members: ['127.0.0.1:{port}']}}\n")
     top = PharosService.from_config(reactor, config, listen=strports.service)
     assert top.peer_node is not None
-    assert top.sched.on_prefix == top.peer_node.push
+    pushed: list[PrefixOp] = []
+    push, top.peer_node.push = top.peer_node.push, pushed.append  # type: ignore[method-assign,assignment]
+    op = PrefixOp("k", (1,), 0.0)
+    assert top.sched.learning.on_prefix is not None
+    top.sched.learning.on_prefix(op)
+    top.peer_node.push = push  # type: ignore[method-assign]
+    assert pushed == [op]  # the scheduler's prefix ops go to the peer node
     assert top.on_leaving == [top.peer_node.leave]
     top.privilegedStartService()
     top.startService()

@@ -103,7 +103,7 @@ def test_prefix_records_reach_the_peers(
     tick(clock)
     for inst in (b, c):
         assert [s[3] for s in inst.sched.index.slots(202)] == ["peer"]
-        match = inst.sched.index.lookup(chain, inst.sched._gen)
+        match = inst.sched.index.lookup(chain, inst.sched.learning.gen)
         assert match[0].matched_bytes == 8000
 
 

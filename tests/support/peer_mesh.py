@@ -17,7 +17,7 @@ from pharos.engine.fetch import Fetcher
 from pharos.peer.membership import Membership
 from pharos.peer.node import PeerNode, Reply
 from pharos.policy import PolicyConfig
-from pharos.sched import Scheduler
+from pharos.sched import RouteSettings, Scheduler
 from pharos.state.state import State
 from pharos.usage import Ledger
 from tests.support.plan import FakeBackend
@@ -111,7 +111,8 @@ def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
 
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=fetcher_for)
     seeds = iter(range(1, 1_000_000))
-    sched = Scheduler(state, PolicyConfig(name="cost"), seed=lambda: next(seeds))
+    sched = Scheduler(state, RouteSettings(PolicyConfig(name="cost")), seed=lambda: next(seeds),
+                      on_prefix=lambda op: node.push(op))
     state.on_round = lambda b: sched.kick()
     origin = f"o-{member}"
     ledger = Ledger(clock, origin=origin, timezone="UTC")
@@ -121,7 +122,6 @@ def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
                     Membership(peers), clock,
                     restore=(lambda data: restore(inst, data)) if restore else None)
     inst = Instance(member, state, sched, ledger, node)
-    sched.on_prefix = node.push
     ledger.on_reserve = node.kick
     net.nodes[member] = node
     state.set_backends([(specs or {}).get(url) or BackendSpec(url=url) for url in backends])

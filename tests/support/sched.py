@@ -8,7 +8,7 @@ from twisted.internet.task import Clock
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetcher
 from pharos.policy import PolicyConfig
-from pharos.sched import Lease, SchedRequest, Scheduler
+from pharos.sched import Lease, RouteSettings, SchedRequest, Scheduler
 from pharos.state.state import State
 from tests.support.plan import FakeBackend
 
@@ -46,7 +46,7 @@ def fleet(backends: dict[str, tuple[FakeBackend, BackendSpec]],
 
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=fetcher_for)
     seeds = iter(range(1, 10_000))
-    sched = Scheduler(state, PolicyConfig(name=policy), seed=lambda: next(seeds))  # type: ignore[arg-type]
+    sched = Scheduler(state, RouteSettings(PolicyConfig(name=policy)), seed=lambda: next(seeds))  # type: ignore[arg-type]
     state.on_round = lambda b: sched.kick()
     state.set_backends([spec for _, spec in backends.values()])
     state.service.startService()

@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pharos import policy, reasons
 from pharos.policy import POLICIES, SET_ASIDE_WONT_FIT, Candidate, PolicyConfig, RouteReq, pick
+
+reasons.install(policy)  # its decisions worded, as the scheduler's are
 
 BASELINES = ("round-robin", "random", "p2c", "prefix-hash")
 

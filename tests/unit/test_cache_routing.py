@@ -13,9 +13,9 @@ from pharos.policy import (
     Candidate,
     PolicyConfig,
     RouteReq,
-    deciding_term,
     pick,
 )
+from pharos.reasons import deciding_term
 from pharos.sched import Scheduler
 from pharos.state.state import State
 from pharos.state.stats import Sample
@@ -190,7 +190,7 @@ def test_hot_root_prefix_gets_a_second_owner() -> None:
     for t in state.targets:
         t.stats.service_sec.add(10.0)
     ok(granted(sched.acquire("k", 1, chat("q0"))), cached=0)
-    holder = next(iter(sched.index.lookup(chat("q").chain, sched._gen)))
+    holder = next(iter(sched.index.lookup(chat("q").chain, sched.learning.gen)))
     cool = sched.decide(chat("qa"), sched.targets(chat("qa")))
     assert cool.hot_owners == frozenset()
     leases = [granted(sched.acquire("k", 1, chat(f"q{i}", seed=i))) for i in range(1, 5)]
@@ -236,4 +236,4 @@ def test_shared_cache_engines_learn_at_the_first_byte() -> None:
         lease = granted(sched.acquire("k", 1, chat("q1")))
         assert lease.target.backend.kind == kind
         lease.first_byte()
-        assert bool(sched.index.lookup(chat("q").chain, sched._gen)) is at_first_byte, kind
+        assert bool(sched.index.lookup(chat("q").chain, sched.learning.gen)) is at_first_byte, kind

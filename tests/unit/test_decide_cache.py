@@ -17,7 +17,15 @@ from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched, FetchError
 from pharos.policy import Candidate, PolicyConfig
 from pharos.prefix import chain
-from pharos.sched import Lease, SchedRequest, Scheduler, Unavailable, UnknownModel, with_match
+from pharos.sched import (
+    Lease,
+    RouteSettings,
+    SchedRequest,
+    Scheduler,
+    Unavailable,
+    UnknownModel,
+    with_match,
+)
 from pharos.state.registry import STALE_AFTER_INTERVALS, Target, view_of
 from pharos.state.state import State
 from pharos.state.stats import Sample
@@ -64,21 +72,21 @@ def fresh_check(state: State, sched: Scheduler, req: SchedRequest) -> None:
     except (UnknownModel, Unavailable) as e:
         targets = type(e).__name__
     assert targets == fresh_targets
-    queued = sched._waiting_models.get(req.model, 0)
+    queued = sched.queue.waiting_models.get(req.model, 0)
     for t in state.targets:
         view = state.view(t)
         assert view == view_of(t, now, state.load_interval, state.full_interval, state.is_up)
         cached = sched.candidate(t, queued, 7)
-        kept_views, kept_cands = state._views, sched._cands
-        state._views, sched._cands = {}, {}
+        kept_views, kept_cands = state._views, sched.cands.kept
+        state._views, sched.cands.kept = {}, {}
         assert cached == sched.candidate(t, queued, 7)
-        state._views, sched._cands = kept_views, kept_cands
+        state._views, sched.cands.kept = kept_views, kept_cands
     if isinstance(targets, list):
         placed = sched.decide(req, targets)
-        kept = state._views, sched._cands, sched._matched, sched._fleets
-        state._views, sched._cands, sched._matched, sched._fleets = {}, {}, {}, {}
+        kept = state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets
+        state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets = {}, {}, {}, {}
         again = sched.decide(req, targets)
-        state._views, sched._cands, sched._matched, sched._fleets = kept
+        state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets = kept
         assert placed.candidates == again.candidates
         assert placed.cold == again.cold and placed.hot_owners == again.hot_owners
         assert placed.decision.target_id == again.decision.target_id
@@ -107,14 +115,14 @@ def test_kept_answers_equal_fresh_ones_through_random_events(
     on, just before and just after each staleness boundary: after every step the views, the
     up targets, each candidate and the decision (from the kept fleet: its 5 targets are kept
     as one here) equal the ones built afresh."""
-    import pharos.sched
+    import pharos.sched.candidates
 
-    monkeypatch.setattr(pharos.sched, "FLEET_MIN_TARGETS", 1)
+    monkeypatch.setattr(pharos.sched.candidates, "FLEET_MIN_TARGETS", 1)
     rng = random.Random(seed)
     clock = Clock()
     engines = {f"http://10.0.0.{i}:8000": Engine(rng) for i in range(5)}
     state = State(clock, None, rng=rng.random, fetcher_for=lambda spec: engines[spec.url])
-    sched = Scheduler(state, PolicyConfig(), seed=lambda: rng.getrandbits(63))
+    sched = Scheduler(state, RouteSettings(PolicyConfig()), seed=lambda: rng.getrandbits(63))
     specs = [BackendSpec(url=url, kind="vllm", capacity=rng.choice([None, 4]))
              for url in engines]
     state.set_backends(specs)
@@ -191,7 +199,7 @@ def test_a_decision_rebuilds_only_the_targets_written_since_the_last() -> None:
     rng = random.Random(5)
     engines = {f"http://10.0.{i // 250}.{i % 250}:8000": Engine(rng) for i in range(64)}
     state = State(clock, None, rng=lambda: 0.5, fetcher_for=lambda spec: engines[spec.url])
-    sched = Scheduler(state, PolicyConfig(), seed=lambda: 7)
+    sched = Scheduler(state, RouteSettings(PolicyConfig()), seed=lambda: 7)
     state.set_backends([BackendSpec(url=url, kind="vllm", capacity=16) for url in engines])
     state.service.startService()
     clock.pump([0.5] * 4)
@@ -202,22 +210,22 @@ def test_a_decision_rebuilds_only_the_targets_written_since_the_last() -> None:
         sched.index.record(ch.keys[:1], t.id, t.gen, clock.seconds())
     req = SchedRequest("m", 900, 1, chain=ch)
     full_passes = []
-    full_loop = sched._full_loop
+    full_loop = sched.cands.full_loop
 
     def counted(*args: object) -> object:
         full_passes.append(1)
         return full_loop(*args)  # type: ignore[arg-type]
 
-    sched._full_loop = counted  # type: ignore[assignment,method-assign]
+    sched.cands.full_loop = counted  # type: ignore[assignment,method-assign]
 
     def decide(full: bool) -> None:
         before = len(full_passes)
         placed = sched.decide(req, sched.targets(req))
         assert len(full_passes) - before == (1 if full else 0)
-        kept = state._views, sched._cands, sched._matched, sched._fleets
-        state._views, sched._cands, sched._matched, sched._fleets = {}, {}, {}, {}
+        kept = state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets
+        state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets = {}, {}, {}, {}
         again = sched.decide(req, sched.targets(req))
-        state._views, sched._cands, sched._matched, sched._fleets = kept
+        state._views, sched.cands.kept, sched.cands.matched, sched.cands.fleets = kept
         assert placed.candidates == again.candidates and placed.cold == again.cold
         assert placed.decision.target_id == again.decision.target_id
 
@@ -229,7 +237,7 @@ def test_a_decision_rebuilds_only_the_targets_written_since_the_last() -> None:
     decide(full=False)
     assert next(c for c in sched.decide(req, sched.targets(req)).candidates
                 if c.target_id == t.id).inflight == 3
-    sched._waiting_models["m"] = 2
+    sched.queue.waiting_models["m"] = 2
     decide(full=True)
     decide(full=False)
     clock.advance(STALE_AFTER_INTERVALS * state.load_interval + 1.0)
@@ -255,14 +263,14 @@ def test_a_small_fleet_is_decided_by_the_full_pass() -> None:
         clock = Clock()
         engines = {f"http://10.0.0.{i}:8000": Engine(random.Random(i)) for i in range(n)}
         state = State(clock, None, rng=lambda: 0.5, fetcher_for=engines_of(engines))
-        sched = Scheduler(state, PolicyConfig(), seed=lambda: 7)
+        sched = Scheduler(state, RouteSettings(PolicyConfig()), seed=lambda: 7)
         state.set_backends([BackendSpec(url=url, kind="vllm", capacity=16) for url in engines])
         state.service.startService()
         clock.pump([0.5] * 4)
         state.service.stopService()
         req = SchedRequest("m", 900, 1)
         sched.decide(req, sched.targets(req))
-        assert (list(sched._fleets) == [("m", None)]) is kept, n
+        assert (list(sched.cands.fleets) == [("m", None)]) is kept, n
 
 
 def one_target(seed: int, running: int | None = None, capacity: int | None = None
@@ -303,13 +311,13 @@ def test_writes_to_quiet_fields_change_no_candidate() -> None:
     the view nor the candidate: a candidate built after writing any of them equals the kept
     one (a new read of one must take it out of the list)."""
     state, clock, t = one_target(2)
-    sched = Scheduler(state, PolicyConfig())
+    sched = Scheduler(state, RouteSettings(PolicyConfig()))
     for name in sorted(Target.QUIET):
         for value in (0, 7, True, False, None, 123.5):
             kept = sched.candidate(t, 1)
             setattr(t, name, value)
             assert sched.candidate(t, 1) is kept
-            state._views, sched._cands = {}, {}
+            state._views, sched.cands.kept = {}, {}
             assert sched.candidate(t, 1) == kept, name
 
 
@@ -381,7 +389,7 @@ def test_a_matched_candidate_is_kept_while_its_candidate_and_match_are() -> None
     candidate without the match and the matched tokens are unchanged, and is built anew,
     equal to ``with_match`` of the current candidate, when either changes."""
     state, clock, t = one_target(4, capacity=4)
-    sched = Scheduler(state, PolicyConfig())
+    sched = Scheduler(state, RouteSettings(PolicyConfig()))
     system = {"role": "system", "content": "harbour pilot " * 200}
     ch = chain("m", [system, {"role": "user", "content": "q " * 100}], None, None)
     sched.index.record(ch.keys[:1], t.id, t.gen, clock.seconds())

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 from twisted.internet.task import Clock
 
-from pharos.policy import Candidate, PolicyConfig, RouteReq, deciding_term, pick
+from pharos.policy import Candidate, PolicyConfig, RouteReq, pick
+from pharos.reasons import deciding_term
 from pharos.retention import LIVE_SEC
 from pharos.sched import Guards, SchedRequest, Scheduler
 from tests.support.cache_routing import chat, ok
@@ -72,7 +73,7 @@ def test_no_price_for_a_held_root_a_shared_one_or_a_dead_one() -> None:
 def test_pricing_can_be_turned_off() -> None:
     """``routing.eviction_pricing: false`` prices nothing."""
     sched, _ = filled()
-    sched.guards = Guards(eviction_pricing=False)
+    sched.reconfigure(replace(sched.routing, guards=Guards(eviction_pricing=False)))
     assert evict_tokens(sched, chat("q", system=system(9))) == {0: 0, 1: 0, 2: 0}
 
 

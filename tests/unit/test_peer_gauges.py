@@ -107,7 +107,7 @@ def test_prefix_records_and_corrections_go_to_on_prefix() -> None:
     hashes, the target key and the root's size travel."""
     sched, state, clock = one_slot()
     ops: list[PrefixOp] = []
-    sched.on_prefix = ops.append
+    sched.learning.on_prefix = ops.append
     chain = Chain((11, 22), (400, 800))
     r = req()
     lease = granted(sched.acquire("k", 1, replace(r, chain=chain)))

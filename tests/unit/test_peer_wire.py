@@ -213,7 +213,7 @@ def test_node_follows_dns_membership_every_ten_seconds() -> None:
     from pharos.peer.membership import DNS_INTERVAL
     from pharos.peer.node import PeerNode
     from pharos.policy import PolicyConfig
-    from pharos.sched import Scheduler
+    from pharos.sched import RouteSettings, Scheduler
     from pharos.state.state import State
     from pharos.usage import Ledger
     from tests.support.peer_mesh import MemoryNetwork
@@ -222,7 +222,8 @@ def test_node_follows_dns_membership_every_ten_seconds() -> None:
     resolver = FakeResolver()
     resolver.answers = ["10.0.0.1", "10.0.0.2"]
     state = State(clock, None, fetcher_for=lambda spec: None)  # type: ignore[arg-type,return-value]
-    node = PeerNode("me", lambda: "fp", Scheduler(state, PolicyConfig()), Ledger(clock, "me"),
+    node = PeerNode("me", lambda: "fp", Scheduler(state, RouteSettings(PolicyConfig())),
+                    Ledger(clock, "me"),
                     MemoryNetwork().transport("me"),
                     Membership(Peers("/s", listen=Listen(":81"), dns="p"), resolver), clock)
     node.startService()

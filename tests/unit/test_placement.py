@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,7 +188,7 @@ def test_an_ollama_hosts_cold_load_unloads_its_cheapest_idle_model_first() -> No
     sched, state, clock = fleet({"http://h1:1": (ollama(["a", "b"], sizes), BackendSpec(
         url="http://h1:1", kind="ollama", memory_gb=8, capacity=2))})
     for _ in range(30):
-        sched.demand.add("a", clock.seconds())
+        sched.hosts.demand.add("a", clock.seconds())
     granted(sched.acquire("k", 1, req("b"))).release()
     lease = granted(sched.acquire("k", 1, req("c")))
     assert lease.cold
@@ -228,8 +229,8 @@ def test_a_cold_load_evicts_the_model_whose_reload_costs_least() -> None:
     loads where it evicts the tail model, and the reason names the victim and its price."""
     sched, state, clock = two_hosts()
     for _ in range(30):
-        sched.demand.add("pop", clock.seconds())
-    sched.demand.add("tail", clock.seconds() - 600)
+        sched.hosts.demand.add("pop", clock.seconds())
+    sched.hosts.demand.add("tail", clock.seconds() - 600)
     for seed in range(1, 21):  # whatever the seed breaking ties
         r = req("new", seed=seed)
         placed = sched.decide(r, sched.targets(r))
@@ -260,9 +261,9 @@ def test_a_tie_between_two_loads_evicts_the_less_demanded_model() -> None:
     for t in state.targets:
         t.stats.load_sec.add(3.0)
     for _ in range(12):
-        sched.demand.add("mid", clock.seconds())
+        sched.hosts.demand.add("mid", clock.seconds())
     for _ in range(6):
-        sched.demand.add("tail", clock.seconds())
+        sched.hosts.demand.add("tail", clock.seconds())
     by_id = {t.id: t.backend.url for t in state.targets}
     placements = [sched.decide(r, sched.targets(r))
                   for r in (req("new", seed=seed) for seed in range(1, 33))]
@@ -281,7 +282,7 @@ def test_no_idle_victim_the_load_waits_as_before() -> None:
     idle (whatever its price); with both busy, the request waits."""
     sched, state, clock = two_hosts()
     for _ in range(30):
-        sched.demand.add("pop", clock.seconds())
+        sched.hosts.demand.add("pop", clock.seconds())
     tail = granted(sched.acquire("k", 1, req("tail")))
     lease = granted(sched.acquire("k", 1, req("new")))
     assert lease.target.backend.url == "http://h1:1"
@@ -420,8 +421,8 @@ def test_a_warm_model_queues_for_its_slot_until_its_demand_needs_another_host() 
     assert late.decision.target_id == on_h2(state, "pop").id
     # Demand above what h1's slots serve: the copy is allowed now.
     for _ in range(8):
-        sched.slot_demand.add("pop", clock.seconds(), 20.0)
-    assert sched.slot_demand.rate("pop", clock.seconds()) > 2  # h1's 2 slots, all of them
+        sched.hosts.slot_demand.add("pop", clock.seconds(), 20.0)
+    assert sched.hosts.slot_demand.rate("pop", clock.seconds()) > 2  # h1's 2 slots, all of them
     busy = sched.decide(r, sched.targets(r))
     assert busy.decision.target_id == on_h2(state, "pop").id
     assert not busy.decision.enqueue
@@ -443,13 +444,13 @@ def test_slot_demand_counts_a_requests_wait_for_its_slot() -> None:
     assert not waiting.called
     clock.advance(5.0)
     now = clock.seconds()
-    before = sched.slot_demand.rate("pop", now)
+    before = sched.hosts.slot_demand.rate("pop", now)
     leases[0].release()
     third = granted(waiting)
     assert third.target.backend.url == "http://h1:1"
     service = third.target.stats.service_sec.value or sched.policy.service_sec_default
     tau = SLOT_DEMAND_HALF_LIFE_SEC / math.log(2)
-    assert sched.slot_demand.rate("pop", now) - before == pytest.approx((5.0 + service) / tau)
+    assert sched.hosts.slot_demand.rate("pop", now) - before == pytest.approx((5.0 + service) / tau)
     for x in (leases[1], third):
         x.release()
 
@@ -457,7 +458,8 @@ def test_slot_demand_counts_a_requests_wait_for_its_slot() -> None:
 def test_without_the_rule_the_tie_loads_a_copy() -> None:
     """The contrast: with ``replica_utilization`` off, the same tie goes to the cold copy."""
     sched, state, _ = pop_and_tail()
-    sched.guards = Guards(placement=ReplicaRule(utilization=None))
+    sched.reconfigure(replace(sched.routing,
+                                guards=Guards(placement=ReplicaRule(utilization=None))))
     on_h2(state, "pop").stats.load_sec.add(3.8)
     leases = [granted(sched.acquire("k", 1, req("pop", seed=s))) for s in (1, 2)]
     r = req("pop", seed=3)
@@ -501,7 +503,7 @@ def test_a_model_of_unknown_size_loads_at_the_fleet_median_size() -> None:
     r = req("c")
     (c,) = sched.decide(r, sched.targets(r)).candidates
     assert state.view(state.targets[c.target_id]).size_bytes is None
-    assert sched.median_size() == 6 * GB
+    assert sched.hosts.median_size() == 6 * GB
     assert c.load_sec == pytest.approx(6 * GB / LOAD_BYTES_PER_SEC_DEFAULT)
     assert c.load_basis == "load_sec=size/default (size=fleet median)"
     assert c.fits_if_cold is True
@@ -544,14 +546,14 @@ def test_the_rules_parameters_in_config() -> None:
     """``routing.replica_utilization``, ``load_wait_bound`` and ``swap_grouping`` reach the
     scheduler's rule; out of range or unknown, the error names the field."""
     from pharos.config import ConfigError, parse_config
-    from pharos.service import routing
+    from pharos.service import guards_of
 
     cfg = parse_config("routing:\n  replica_utilization: 0.5\n  load_wait_bound: 1m\n"
                        "  swap_grouping: false\n")
-    assert routing(cfg)[1].placement == ReplicaRule(0.5, 60.0, False)
+    assert guards_of(cfg).placement == ReplicaRule(0.5, 60.0, False)
     off = parse_config("routing:\n  replica_utilization: null\n")
-    assert routing(off)[1].placement.utilization is None
-    assert routing(parse_config("listen: 127.0.0.1:1\n"))[1].placement == ReplicaRule()
+    assert guards_of(off).placement.utilization is None
+    assert guards_of(parse_config("listen: 127.0.0.1:1\n")).placement == ReplicaRule()
     for bad, field in (("replica_utilization: 1.5", "routing.replica_utilization"),
                        ("load_wait_bound: 0s", "routing.load_wait_bound"),
                        ("swap_grouping: 3", "routing.swap_grouping"),

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pharos import policy
+from pharos import policy, reasons
 from pharos.policy import (
     BOUNDED_LOAD_MIN_INFLIGHT,
     FITS_IF_COLD_UNKNOWN,
@@ -35,6 +35,8 @@ from pharos.policy import (
     pick,
     score,
 )
+
+reasons.install(policy)  # its decisions worded, as the scheduler's are
 
 COST = PolicyConfig()
 LEAST = PolicyConfig(name="least-load")

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pharos
-from pharos import compiled, policy
+from pharos import compiled, policy, reasons
 from tests.support.policy import reference
 
 SOURCE = Path(compiled.__file__).with_name("policy.py")
@@ -27,6 +27,8 @@ ARTIFACT = Path(compiled.artifact(str(SOURCE)))
 
 
 REF = reference(SOURCE)
+reasons.install(REF)  # both worded, as the scheduler's decisions are
+reasons.install(policy)
 IS_COMPILED = compiled.status.get("pharos.policy") == "compiled"
 needs_build = pytest.mark.skipif(not IS_COMPILED, reason="pharos.policy is not compiled here "
                                  f"({compiled.status.get('pharos.policy')})")
@@ -110,7 +112,7 @@ def _decide(module: Any, req: dict[str, Any], fleet: list[dict[str, Any]],
                     module.PolicyConfig(**cfg))
     winner = d.target_terms  # read first, as the scheduler does
     return (d.target_id, d.enqueue, winner, d.reason, d.why, d.guards, d.score_terms,
-            module.deciding_term(d.scores, d.target_id))
+            reasons.deciding_term(d.scores, d.target_id))
 
 
 @needs_build

@@ -88,7 +88,7 @@ def test_retry_goes_to_the_front_of_its_key() -> None:
 def test_bounded_queue_and_cancellation() -> None:
     """Past the queue limit a request fails with QueueFull; a cancelled waiter leaves."""
     sched, state, _ = fleet({"http://l:1": (llamacpp(slots=1), BackendSpec(url="http://l:1"))})
-    sched.queue_limit = 1
+    sched.queue.limit = 1
     granted(sched.acquire("k", 1, req()))
     waiter = sched.acquire("k", 1, req())
     over = sched.acquire("k", 1, req())
@@ -173,7 +173,7 @@ def test_a_key_over_its_share_leaves_the_last_slot_to_an_active_key_under_it() -
     light_first = granted(sched.acquire("light", 1, req(seed=9)))
     light_first.release()
     heavy = [sched.acquire("heavy", 1, req(seed=i)).addCallback(first_byte) for i in range(9)]
-    assert sum(d.called for d in heavy) == 7 and sched.waiting == 2 and sched.paced == 0
+    assert sum(d.called for d in heavy) == 7 and sched.waiting == 2 and sched.queue.paced == 0
     light = granted(sched.acquire("light", 1, req(seed=10)))
     assert light.target is not None and sched.waiting == 2
     light.release()  # its slot is kept for it again while it stays active
@@ -202,7 +202,7 @@ def test_a_key_over_its_share_starts_one_prefill_at_a_time_per_target() -> None:
     light = granted(sched.acquire("light", 1, stream(99)))
     light.first_byte()
     heavy = [sched.acquire("heavy", 1, stream(i)) for i in range(10)]
-    assert sum(d.called for d in heavy) == 8 and sched.waiting == 2 and sched.paced > 0
+    assert sum(d.called for d in heavy) == 8 and sched.waiting == 2 and sched.queue.paced > 0
     started = [granted(d) for d in heavy[:8]]
     for lease in started[:7]:
         lease.first_byte()
@@ -255,7 +255,7 @@ def test_pacing_sends_a_flooding_key_to_a_target_not_held_and_a_stream_holds_to_
     b = granted(sched.acquire("heavy", 1, stream(11)))
     assert b.target is not a.target  # a's target is held by a's prefill
     c = sched.acquire("heavy", 1, stream(12))
-    assert not c.called and sched.paced >= 1  # both held
+    assert not c.called and sched.queue.paced >= 1  # both held
     assert a.est_ttft is not None and a.est_ttft < PACE_MAX_SEC * 0.9
     clock.advance(min(a.est_ttft, b.est_ttft or 0.0) + 0.01)
     assert not c.called  # streamed: held past the predicted TTFT, until a first byte

@@ -138,7 +138,7 @@ def test_same_grants_in_the_same_fair_order_as_deciding_every_time() -> None:
                                                           memory_gb=10, capacity=2)),
         })
         if not remember:
-            sched._remember_full = lambda *a: None  # type: ignore[method-assign]
+            sched.cands.remember_full = lambda *a: None  # type: ignore[method-assign]
         weights = {"heavy": 3, "light": 1, "mid": 2}
         names = list(weights)
         order = closed_loop(sched, 24, lambda i: (names[i % 3], weights[names[i % 3]]), 600,

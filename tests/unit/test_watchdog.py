@@ -26,11 +26,11 @@ def test_a_silent_lease_past_the_drain_timeout_is_reported_once() -> None:
     for _ in range(40):  # 200 s of bytes every 5 s: old, but moving
         clock.pump([1.0] * 5)
         lease.touch()
-    assert sched.stuck == 0
+    assert sched.queue.stuck == 0
     clock.pump([1.0] * 25)
-    assert sched.stuck == 1
+    assert sched.queue.stuck == 1
     clock.pump([1.0] * 100)
-    assert sched.stuck == 1  # reported once
+    assert sched.queue.stuck == 1  # reported once
     lease.release()
     assert dog.check() == []
     dog.stopService()
@@ -40,12 +40,12 @@ def test_stuck_for_counts_only_while_requests_wait_without_progress() -> None:
     """``stuck_for`` is None with nobody waiting, grows while a waiter sees no grant and no
     release, and ends when a lease is given back."""
     sched, clock = _one_slot()
-    assert sched.stuck_for(clock.seconds()) is None
+    assert sched.queue.stuck_for(clock.seconds()) is None
     held = granted(sched.acquire("k", 1, req()))
     waiter = sched.acquire("k", 1, req())
     assert not waiter.called
     clock.pump([1.0] * 50)  # the scrapers keep the backend up meanwhile
-    assert sched.stuck_for(clock.seconds()) == 50
+    assert sched.queue.stuck_for(clock.seconds()) == 50
     held.release()
     assert waiter.called
-    assert sched.stuck_for(clock.seconds()) is None
+    assert sched.queue.stuck_for(clock.seconds()) is None

@@ -1,0 +1,46 @@
+"""The scheduler: admission, occupancy, the per-key fair queue and leases, as a package of
+parts composed into ``Scheduler`` (``pharos.sched.scheduler``).
+
+A request that cannot be placed waits in its key's FIFO (``queue``); each decision builds
+every target's candidate from the state (``candidates``, kept between decisions in one
+cache), prices cold loads from what each host is believed to hold (``hosts``), looks the
+prompt's prefix chain up in the ``PrefixIndex`` and gives a hot root more than one owner
+(``learning``), adds the peers' requests in flight (``peers``), and asks ``pharos.policy``.
+On release the reply teaches the index, the root caches and the capacities (``learning``).
+"""
+
+from pharos.sched.candidates import Candidates, with_match
+from pharos.sched.hosts import Hosts, max_loaded, names_victims
+from pharos.sched.learning import HOT_MIN_TOKENS, REPROBE_ROUNDS, Learning
+from pharos.sched.lease import Lease, LeaseOwner
+from pharos.sched.peers import MAX_GAUGE_ENTRIES, GaugeError, PeerGauges, Peers
+from pharos.sched.queue import Waiter, WaitQueue, request_cost
+from pharos.sched.request import (
+    CAPACITY_CONFIG,
+    CAPACITY_DEFAULT,
+    CAPACITY_ENGINE,
+    CAPACITY_LEARNED,
+    DEFAULT_CAPACITY,
+    FLEET_MIN_TARGETS,
+    PACE_MAX_SEC,
+    PEER_SILENCE_SEC,
+    QUEUE_LIMIT,
+    Guards,
+    Placement,
+    QueueFull,
+    RouteSettings,
+    SchedRequest,
+    Unavailable,
+    UnknownModel,
+)
+from pharos.sched.scheduler import Scheduler
+
+__all__ = [
+    "CAPACITY_CONFIG", "CAPACITY_DEFAULT", "CAPACITY_ENGINE", "CAPACITY_LEARNED",
+    "DEFAULT_CAPACITY", "FLEET_MIN_TARGETS", "HOT_MIN_TOKENS", "MAX_GAUGE_ENTRIES",
+    "PACE_MAX_SEC", "PEER_SILENCE_SEC", "QUEUE_LIMIT", "REPROBE_ROUNDS", "Candidates",
+    "GaugeError", "Guards", "Hosts", "Learning", "Lease", "LeaseOwner", "PeerGauges", "Peers",
+    "Placement", "QueueFull", "RouteSettings", "SchedRequest", "Scheduler", "Unavailable",
+    "UnknownModel", "WaitQueue", "Waiter", "max_loaded", "names_victims", "request_cost",
+    "with_match",
+]
