@@ -210,7 +210,7 @@ def arm(split: Sequence[tuple[str, int]], key: bytes) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Routing:
+class ModelRouting:
     """How one model is routed: the policy config of each arm (one arm without a split), its
     split, and its shadow policies."""
 
@@ -250,17 +250,17 @@ class Fleet:
                                         else dataclasses.replace(self.base, name=name))  # type: ignore[arg-type]
         return cfg
 
-    def _routing(self, m: ModelSpec | None) -> Routing:
+    def _routing(self, m: ModelSpec | None) -> ModelRouting:
         policy = m.policy if m is not None and m.policy is not None else None
         split = m.split if m is not None and m.split is not None else (
             None if policy is not None else self.split)
         shadow = m.shadow if m is not None and m.shadow is not None else self.shadow
         default = policy or self.base.name
         names = {default, *(n for n, _ in split or ())}
-        return Routing({n: self._config(n) for n in names}, split, shadow, default,
+        return ModelRouting({n: self._config(n) for n in names}, split, shadow, default,
                        plain=policy is None and split is None)
 
-    def routing(self, model: str) -> Routing:
+    def routing(self, model: str) -> ModelRouting:
         """The model's routing (the global one for a model not in ``models:``)."""
         return self._by_model.get(model, self._default)
 
@@ -363,7 +363,7 @@ def request_key(session: int | None, request_id: str) -> bytes:
 def describe(fleet: Fleet) -> dict[str, Any]:
     """The fleet's routing for people and the shadow log: per model its arms, split and
     shadows, and the global one (no names of prompts, only of models and policies)."""
-    def one(r: Routing) -> dict[str, Any]:
+    def one(r: ModelRouting) -> dict[str, Any]:
         return {"policy": r.default, "split": dict(r.split) if r.split else None,
                 "shadow": list(r.shadow)}
     return {"generation": fleet.generation, "global": one(fleet._default),

@@ -359,7 +359,7 @@ def _over_bound(inflight: int, capacity: int, bound: int) -> bool:
     return inflight >= bound and inflight >= min(BOUNDED_LOAD_MIN_INFLIGHT, (capacity + 1) // 2)
 
 
-class _Fleet:
+class _Shared:
     """What every candidate's terms share in one pick: the prompt, the config, the guards'
     fleet-wide inputs and the fleet medians of unknown inputs. Each fleet-wide input is taken
     when first needed, and once: a pick over candidates that all know their speeds takes no
@@ -539,7 +539,7 @@ class _Scored:
                  "candidates", "est", "feasible", "fleet", "kind", "limit", "sticky", "tie",
                  "win", "window")
 
-    def __init__(self, fleet: _Fleet) -> None:
+    def __init__(self, fleet: _Shared) -> None:
         self.fleet = fleet
         self.candidates = fleet.candidates
         # Per candidate, filled in by index (cheaper than appending).
@@ -603,7 +603,7 @@ def _capacity_error(c: Candidate) -> ValueError:
     return ValueError(f"target {c.target_id}: capacity {c.capacity} < 1")
 
 
-def _select_cost(fleet: _Fleet) -> _Scored:
+def _select_cost(fleet: _Shared) -> _Scored:
     """Each candidate's est_ttft, and which are set aside: what cost's selection reads, and
     nothing else (no fallbacks, no per-term record, no utilization: only a tie reads that,
     and only the tied candidates'). The hot loop of every decision (64 candidates in the
@@ -700,7 +700,7 @@ def _select_cost(fleet: _Fleet) -> _Scored:
     return out
 
 
-def _select_least_load(fleet: _Fleet) -> _Scored:
+def _select_least_load(fleet: _Shared) -> _Scored:
     """Each candidate's utilization, and which are set aside: all least-load's selection
     reads (the bound is off under the least-load config, so only a cold load that won't fit
     is set aside there)."""
@@ -728,7 +728,7 @@ def _select_least_load(fleet: _Fleet) -> _Scored:
 
 
 def _select(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> _Scored:
-    fleet = _Fleet(req, tuple(candidates), cfg)
+    fleet = _Shared(req, tuple(candidates), cfg)
     return (_select_cost if cfg.name == "cost" else _select_least_load)(fleet)
 
 
@@ -806,7 +806,7 @@ def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> D
     """The lowest estimated TTFT wins; ties within the window go to lower utilization, then to
     the lower eviction price, then to the request's seed. Enqueue when the winner has no free
     slot."""
-    scored = _select_cost(_Fleet(req, tuple(candidates), cfg))
+    scored = _select_cost(_Shared(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
     ests = scored.est
@@ -837,7 +837,7 @@ def _affinity(req: RouteReq, candidates: Sequence[Candidate], scored: _Scored,
 def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
     """The lowest utilization wins (ties to the request's seed), among feasible candidates
     only. Enqueue when the winner has no free slot."""
-    scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
+    scored = _select_least_load(_Shared(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
     win, scored.tie = _break_tie(scored.feasible, scored, req.seed)
@@ -861,7 +861,7 @@ def _baseline(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig,
               choose: Callable[[RouteReq, _Scored], tuple[int, str, Why]]) -> Decision:
     """A baseline's decision: least-load's feasibility and utilization, ``choose``'s winner
     (its index, the reason's lead and the route outcome)."""
-    scored = _select_least_load(_Fleet(req, tuple(candidates), cfg))
+    scored = _select_least_load(_Shared(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
     win, lead, why = choose(req, scored)

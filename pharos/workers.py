@@ -71,7 +71,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from pharos.config import LISTEN_BACKLOG, Config, Listen, Peers, Usage
+from pharos.config import LISTEN_BACKLOG, Config, Listen, PeersConfig, UsageConfig
 from pharos.service import ListenError, PharosService, listen_error
 
 log = Logger()
@@ -160,12 +160,12 @@ def worker_config(config: Config, spec: WorkerSpec) -> Config:
     if obs.decision_log is not None:
         obs = dataclasses.replace(obs, decision_log=dataclasses.replace(
             obs.decision_log, path=worker_path(obs.decision_log.path, spec.index)))
-    usage: Usage = config.usage
+    usage: UsageConfig = config.usage
     if usage.journal is not None:
         usage = dataclasses.replace(usage, journal=worker_path(usage.journal, spec.index))
     return dataclasses.replace(
         config, listen=Listen(PUBLIC_ADOPTED),
-        peers=Peers(secret_file=spec.secret_file, listen=Listen(PEER_ADOPTED),
+        peers=PeersConfig(secret_file=spec.secret_file, listen=Listen(PEER_ADOPTED),
                     members=spec.members),
         state_file=None if config.state_file is None
         else worker_path(config.state_file, spec.index),

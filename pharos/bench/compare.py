@@ -33,7 +33,7 @@ from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.internet.task import deferLater
 
 from pharos.bench.clients import Population, Sender
-from pharos.bench.fleet import Fleet, FleetSpec
+from pharos.bench.fleet import FleetSpec, Processes
 from pharos.bench.openloop import DISPATCH, OpenLoop, new_pool
 from pharos.bench.processes import StartError
 from pharos.bench.restarts import HealthWatch, Restart, per_instance, restart_summary
@@ -126,7 +126,7 @@ class Comparison:
         self.reactor = reactor
         self.a = a
         self.clients = clients
-        self.fleet: Fleet | None = None
+        self.fleet: Processes | None = None
         self.loop: OpenLoop | None = None
         self.failed = 0
         self.stopping = False
@@ -183,7 +183,7 @@ class Comparison:
     async def _one(self, spec: RunSpec, fleet_spec: FleetSpec, requests: list[Request],
                    senders: list[Sender] | None, path: Path, head: str) -> None:
         logs = self.a.out / "logs" / spec.workload / rate_name(spec.rate) / path.stem
-        self.fleet = fleet = Fleet(self.reactor, logs)
+        self.fleet = fleet = Processes(self.reactor, logs)
         watch: HealthWatch | None = None
         pool = new_pool(self.reactor)
         self._restarting = []
@@ -244,7 +244,7 @@ class Comparison:
             self._restarting.append(Deferred.fromCoroutine(
                 self._restart_at(fleet, r.instance, r.at, start)))
 
-    async def _restart_at(self, fleet: Fleet | None, k: int, at: float, start: float
+    async def _restart_at(self, fleet: Processes | None, k: int, at: float, start: float
                           ) -> dict[str, Any]:
         """Restart instance ``k`` of ``fleet`` ``at`` seconds after ``start``; the event with
         its times from ``start``."""

@@ -115,7 +115,7 @@ def instance_name(k: int, instances: int) -> str:
     return "pharos" if instances == 1 else f"pharos {k}"
 
 
-class Fleet:
+class Processes:
     """The processes of one run; ``stop`` ends every one it started. Logs, Pharos's configs,
     the peers' secret and the state files go under ``logs``."""
 

@@ -421,7 +421,7 @@ _FILE = Text("a file path")
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class UsageConfig:
     """Usage accounting: the day's boundary, its history, a journal."""
 
     timezone: str | None = setting(Text("an IANA time zone name", _is_zone),
@@ -433,7 +433,7 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
-class Drain:
+class DrainConfig:
     """Shutdown timing in seconds: readiness off, then requests in flight finish."""
 
     grace: float = setting(Duration(), "readiness is off this long before the listener closes",
@@ -505,7 +505,7 @@ SHADOW: Final = Custom("a list of policies", lambda p, raw, path: parse_shadow(
 
 
 @dataclass(frozen=True, slots=True)
-class Routing:
+class RoutingConfig:
     """The cost policy's guards and the prefix index's size; null turns a guard off."""
 
     bounded_load_epsilon: float | None = setting(
@@ -588,7 +588,7 @@ def _is_ipv6(text: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Peers:
+class PeersConfig:
     """The peer mesh; exactly one of ``members`` and ``dns`` is set, and the secret is
     required because peers never run unauthenticated."""
 
@@ -671,11 +671,13 @@ class Config:
                                           "keys", default=(), live=True)
     state_file: str | None = setting(Text("a path"), "where learned state survives a restart",
                                      default=None, example="/var/lib/pharos/state.json")
-    usage: Usage = setting(Section(Usage), "usage accounting", default=Usage())
-    drain: Drain = setting(Section(Drain), "shutdown timing", default=Drain())
-    peers: Peers | None = setting(Section(Peers, _check_peers), "the peer mesh: instances "
-                                  "sharing their view of the engines", default=None)
-    routing: Routing = setting(Section(Routing), "the cost policy's guards", default=Routing())
+    usage: UsageConfig = setting(Section(UsageConfig), "usage accounting", default=UsageConfig())
+    drain: DrainConfig = setting(Section(DrainConfig), "shutdown timing", default=DrainConfig())
+    peers: PeersConfig | None = setting(Section(PeersConfig, _check_peers), "the peer mesh: "
+                                        "instances sharing their view of the engines",
+                                        default=None)
+    routing: RoutingConfig = setting(Section(RoutingConfig), "the cost policy's guards",
+                                     default=RoutingConfig())
     observability: Observability = setting(Section(Observability), "decision and shadow logs",
                                            default=Observability())
     timeouts: Timeouts = setting(Section(Timeouts), "the data plane's time limits",

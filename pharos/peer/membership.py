@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from twisted.internet.defer import Deferred
 
-from pharos.config import Peers
+from pharos.config import PeersConfig
 
 #: Seconds between re-resolutions of ``peers.dns`` (spec §12).
 DNS_INTERVAL: Final = 10.0
@@ -71,7 +71,7 @@ class Membership:
     never changes). A failed resolution keeps the last set: a DNS hiccup is not every
     peer leaving."""
 
-    def __init__(self, peers: Peers, resolver: Resolver | None = None) -> None:
+    def __init__(self, peers: PeersConfig, resolver: Resolver | None = None) -> None:
         self.dns = peers.dns
         self.default_port = peers.listen.port()
         self.resolver = resolver if resolver is not None else DnsResolver()

@@ -133,7 +133,7 @@ class Replicas:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class StateSnapshot:
     """A whole decoded snapshot (``decode``: tests and tools; an instance merges the bytes
     with ``restore_bytes`` and never holds one), prefix entries most recent first."""
 
@@ -372,7 +372,7 @@ def _part(doc: Mapping[str, object], kind: str, first: int) -> list[Any]:
     return items
 
 
-def decode(data: bytes) -> Snapshot:
+def decode(data: bytes) -> StateSnapshot:
     """A whole snapshot's bytes back, checked all through (tests and tools: it holds every
     entry at once; an instance uses ``restore_bytes``). ``SnapshotError`` says what is
     wrong."""
@@ -391,7 +391,7 @@ def decode(data: bytes) -> Snapshot:
             parts[kind].extend(value)
     assert header is not None
     prefix = tuple(e for part in reversed(prefix_parts) for e in part)
-    return Snapshot(header.proto, header.origin, header.taken_at, prefix,
+    return StateSnapshot(header.proto, header.origin, header.taken_at, prefix,
                     tuple(parts["cells"]), tuple(parts["stats"]), tuple(parts["roots"]))
 
 
@@ -420,7 +420,7 @@ def _entry(raw: object, i: int) -> Entry:
 # --- restore ----------------------------------------------------------------------------------
 
 
-def restore(replicas: Replicas, snap: Snapshot, now: float,
+def restore(replicas: Replicas, snap: StateSnapshot, now: float,
             source: Source = "restored") -> Restored:
     """Merge a decoded ``snap`` through each module's own ``merge`` in one go (tests and
     tools; idempotent, so merging several sources, or one twice, is safe). Prefix slots of

@@ -24,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pharos.peer import snapshot
-from pharos.peer.snapshot import Replicas, Snapshot, SnapshotError
+from pharos.peer.snapshot import Replicas, SnapshotError, StateSnapshot
 from pharos.periodic import Periodic
 
 log = Logger()
@@ -67,7 +67,7 @@ def read_bytes(path: str) -> bytes | None:
         return None
 
 
-def read_snapshot(path: str) -> Snapshot | None:
+def read_snapshot(path: str) -> StateSnapshot | None:
     """The whole decoded file (tests and tools; blocking; raises ``OSError`` or
     ``SnapshotError``); None when there is none."""
     data = read_bytes(path)

@@ -54,7 +54,7 @@ def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> C
 
 
 @dataclass(slots=True, eq=False)
-class Fleet:
+class KeptCandidates:
     """The last full decision's candidates without a match over one list of targets, and what
     they stay current for: no write to a target or its backend since ``stamp`` (a scan of
     the stamps finds the few that had one), the clock in ``[lo, hi)`` (every kept view's
@@ -95,8 +95,8 @@ class Candidates:
         #: Each target's last candidate with a match: (the unmatched candidate it copies, the
         #: matched tokens, the copy), served again while both are the same.
         self.matched: dict[Target, tuple[Candidate, int, bool, Candidate]] = {}
-        #: Each (model, kind)'s kept fleet (``Fleet``), for requests that exclude no target.
-        self.fleets: dict[tuple[str, str | None], Fleet] = {}
+        #: Each (model, kind)'s kept candidates, for requests that exclude no target.
+        self.fleets: dict[tuple[str, str | None], KeptCandidates] = {}
         #: Target sets (``Selection``) whose every target had no free slot, with the last
         #: backend write then (``BackendState.changes``), the time the views the decision read
         #: stay current until, and the targets: a waiter of one is passed over without a
@@ -170,7 +170,7 @@ class Candidates:
                    ) -> tuple[list[Candidate], dict[int, bool], bool]:
         """Every target's candidate, priced with its match (``held``: the targets the index
         predicts hold the root), kept as ``fkey``'s fleet unless a host may have swapped a
-        model out (``Fleet``). ``candidate`` inlined, and ``State.view_at``'s check of a kept
+        model out. ``candidate`` inlined, and ``State.view_at``'s check of a kept
         view: the clock and the peers' sums read once, not per target."""
         cands: list[Candidate] = []
         add = cands.append
@@ -244,14 +244,14 @@ class Candidates:
             add(c)
         if capture:
             assert fkey is not None
-            self.fleets[fkey] = Fleet(
+            self.fleets[fkey] = KeptCandidates(
                 list(targets), unmatched, dict(cold), sum(cold.values()), recheck, stamp,
                 queued, peer_inflight, lo, hi, {t.id: i for i, t in enumerate(targets)})
         elif fkey is not None:
             self.fleets.pop(fkey, None)
         return cands, cold, has_cold
 
-    def from_fleet(self, fleet: Fleet, now: float, queued: int,
+    def from_fleet(self, fleet: KeptCandidates, now: float, queued: int,
                     peer_inflight: dict[int, int] | None) -> list[Candidate]:
         """The kept fleet's candidates without a match as of now: the targets written since
         it was kept (their stamps) and those it rechecks are rebuilt, and kept in it."""

@@ -27,7 +27,7 @@ from pharos.placement import (
 )
 from pharos.policy import Candidate, PolicyConfig
 from pharos.sched.lease import Lease
-from pharos.sched.peers import Peers
+from pharos.sched.peers import PeerLoad
 from pharos.sched.queue import WaitQueue
 from pharos.sched.request import PASS_LIMIT, Placement, RouteSettings, SchedRequest
 from pharos.state.registry import BackendState, Target, View
@@ -55,7 +55,7 @@ def names_victims(backend: BackendState) -> bool:
 class Hosts:
     """Placement memory, per host (by URL) and per model."""
 
-    def __init__(self, state: State, queue: WaitQueue, peers: Peers) -> None:
+    def __init__(self, state: State, queue: WaitQueue, peers: PeerLoad) -> None:
         self.state = state
         self.queue = queue
         self.peers = peers

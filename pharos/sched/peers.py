@@ -51,7 +51,7 @@ class PeerGauges:
     waiting: dict[str, int]
 
 
-class Peers:
+class PeerLoad:
     """Peers' gauges by origin (``peers``) and their sums over the live ones by target id and
     by model, recomputed when a report arrives or goes stale, not per decision."""
 

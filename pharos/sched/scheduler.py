@@ -20,7 +20,7 @@ from pharos.sched.candidates import Candidates
 from pharos.sched.hosts import Hosts, max_loaded
 from pharos.sched.learning import Learning, release_sec
 from pharos.sched.lease import Lease
-from pharos.sched.peers import Peers
+from pharos.sched.peers import PeerLoad
 from pharos.sched.queue import Waiter, WaitQueue
 from pharos.sched.request import (
     DEFAULT_CAPACITY,
@@ -70,7 +70,7 @@ class Scheduler:
         self.queue = WaitQueue(state, self, queue_limit)
         self.learning = Learning(state, index if index is not None else PrefixIndex(),
                                  on_prefix)
-        self.gauges = Peers(state, self.learning, self.queue, self.kick)
+        self.gauges = PeerLoad(state, self.learning, self.queue, self.kick)
         self.hosts = Hosts(state, self.queue, self.gauges)
         self.cands = Candidates(state, self.hosts, default_capacity, routing.model_costs)
         # The parts' state the rest of Pharos reads (metrics, snapshots, the admin pages).

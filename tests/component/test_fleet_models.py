@@ -16,7 +16,7 @@ from twisted.web.http_headers import Headers
 
 from pharos import policy as policy_module
 from pharos.cli import main as cli_main
-from pharos.config import Observability, Routing
+from pharos.config import Observability, RoutingConfig
 from pharos.models import ModelSpec
 from pharos.shadow import main_replay, replay
 from tests.support.fleet import Fleet, eventually, sleep, start_fleet
@@ -272,7 +272,7 @@ async def test_a_shadow_policy_that_raises_never_touches_the_request(
         raise RuntimeError("shadow bug")
 
     monkeypatch.setitem(policy_module.POLICIES, "random", broken)
-    fleet = await two_names(routing=Routing(shadow=("random", "p2c")))
+    fleet = await two_names(routing=RoutingConfig(shadow=("random", "p2c")))
     try:
         for _ in range(5):
             r = await fleet.chat(FLEET_NAME)

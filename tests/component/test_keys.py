@@ -16,7 +16,7 @@ import treq
 from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted.web.http_headers import Headers
 
-from pharos.config import Key, Tenant, Usage
+from pharos.config import Key, Tenant, UsageConfig
 from pharos.proxy.auth import digest
 from tests.support.fleet import Fleet, eventually, start_fleet, within
 
@@ -176,7 +176,7 @@ async def test_usage_equals_what_the_engines_reported(tmp_path: Path) -> None:
     journal has one line per request (the Done record: request id, decisions, target, TTFT),
     without prompt text."""
     journal = tmp_path / "usage.jsonl"
-    f = await fleet(usage=Usage(journal=str(journal), timezone="Asia/Bangkok"))
+    f = await fleet(usage=UsageConfig(journal=str(journal), timezone="Asia/Bangkok"))
     expected: dict[str, dict[str, int]] = {}
     try:
         for key, name, model in ((ALICE, "alice", "tiny"), (BOB, "bob", "other"),

@@ -16,7 +16,7 @@ from twisted.logger import ILogObserver, Logger, formatEvent, globalLogPublisher
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from pharos.config import DecisionLogConfig, Key, Observability, Routing, Usage
+from pharos.config import DecisionLogConfig, Key, Observability, RoutingConfig, UsageConfig
 from pharos.obs.reqlog import RequestLog
 from pharos.proxy.auth import digest
 from pharos.proxy.done import DECISIONS, Done
@@ -191,7 +191,7 @@ async def test_every_ending_becomes_a_done_and_a_metric() -> None:
 async def test_the_set_of_series_and_labels_is_fixed() -> None:
     """Snapshot: after traffic that fills every family, the metric names and their label
     names are exactly ``SNAPSHOT`` (a rename is a deliberate change)."""
-    f = await start(routing=Routing(shadow=("least-load",)))
+    f = await start(routing=RoutingConfig(shadow=("least-load",)))
     try:
         for _ in range(3):
             assert (await post(f, "/v1/chat/completions", chat(text="a long prompt " * 400)))[
@@ -223,7 +223,7 @@ async def test_journal_drops_and_failures_are_exposed(tmp_path: Path) -> None:
     records it dropped (buffer full or closed) and failed to write: 0 while the writer keeps
     up, and what a journal really dropped once it did; without journals the series are
     absent (the snapshot test)."""
-    f = await start(usage=Usage(journal=str(tmp_path / "usage.jsonl")),
+    f = await start(usage=UsageConfig(journal=str(tmp_path / "usage.jsonl")),
                     observability=Observability(
                         decision_log=DecisionLogConfig(str(tmp_path / "decisions.jsonl"))))
     try:
@@ -360,7 +360,7 @@ async def test_no_prompt_text_on_any_surface(tmp_path: Path) -> None:
     journal = tmp_path / "journal.jsonl"
     f = await start_fleet([("vllm", {}, {"kind": "vllm"}),
                            ("ollama", {"loaded": ["llama3.2:3b"]}, {"kind": "ollama"})],
-                          usage=Usage(journal=str(journal)))
+                          usage=UsageConfig(journal=str(journal)))
     done = recorded(f)
     events: list[dict[str, Any]] = []
     f.pharos.public.on_done.append(RequestLog(Logger(observer=collector(events))))

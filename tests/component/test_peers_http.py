@@ -19,7 +19,7 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
-from pharos.config import Listen, Peers, parse_config
+from pharos.config import Listen, PeersConfig, parse_config
 from pharos.engine.fetch import make_client
 from pharos.peer.membership import Membership
 from pharos.peer.node import ORIGIN_HEADER, PeerNode, TreqTransport
@@ -61,7 +61,7 @@ def side(name: str, pool: HTTPConnectionPool, secret: bytes) -> Side:
     state = State(reactor, None, fetcher_for=lambda spec: None)  # type: ignore[arg-type,return-value]
     sched = Scheduler(state, RouteSettings(PolicyConfig()), on_prefix=lambda op: node.push(op))
     ledger = Ledger(reactor, origin=f"origin-{name}", timezone="UTC")
-    peers = Peers(secret_file="/unused", listen=Listen(":0"))
+    peers = PeersConfig(secret_file="/unused", listen=Listen(":0"))
     node = PeerNode(ledger.origin, lambda: "fp", sched, ledger,
                     TreqTransport(make_client(reactor, pool), secret), Membership(peers), reactor)
     port, url = serve(peer_site(node, SECRET, None))

@@ -12,7 +12,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 
 from pharos.config import Backend as BackendSpec
-from pharos.config import Listen, Peers
+from pharos.config import Listen, PeersConfig
 from pharos.engine.fetch import Fetcher
 from pharos.peer.membership import Membership
 from pharos.peer.node import PeerNode, Reply
@@ -116,7 +116,7 @@ def instance(member: str, members: list[str], net: MemoryNetwork, clock: Clock,
     state.on_round = lambda b: sched.kick()
     origin = f"o-{member}"
     ledger = Ledger(clock, origin=origin, timezone="UTC")
-    peers = Peers(secret_file="/unused", listen=Listen(":1"), members=tuple(members))
+    peers = PeersConfig(secret_file="/unused", listen=Listen(":1"), members=tuple(members))
     inst: Instance
     node = PeerNode(origin, lambda: fingerprint, sched, ledger, net.transport(member),
                     Membership(peers), clock,

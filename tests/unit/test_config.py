@@ -21,15 +21,15 @@ from pharos.config import (
     Backend,
     Config,
     ConfigError,
-    Drain,
+    DrainConfig,
     Key,
     Listen,
     LogFeed,
     LogSpec,
     OwnProbe,
-    Peers,
+    PeersConfig,
     PromSpec,
-    Usage,
+    UsageConfig,
     load_config,
     parse_config,
     parse_duration,
@@ -112,9 +112,9 @@ def test_spec_example_parses() -> None:
         Key(name="ops", sha256=OPS, admin=True),
     )
     assert config.state_file == "/data/pharos.state"
-    assert config.usage == Usage(timezone="Asia/Bangkok", retention_days=400)
-    assert config.drain == Drain(grace=5.0, timeout=600.0)
-    assert config.peers == Peers(
+    assert config.usage == UsageConfig(timezone="Asia/Bangkok", retention_days=400)
+    assert config.drain == DrainConfig(grace=5.0, timeout=600.0)
+    assert config.peers == PeersConfig(
         secret_file="/run/secrets/pharos-peer",
         listen=Listen(":8081"),
         members=("pharos-a:8081", "pharos-b:8081", "pharos-c:8081"),
@@ -129,8 +129,8 @@ def test_empty_file_is_all_defaults(text: str) -> None:
     assert config.listen.strports() == "tcp:8090:backlog=1024"
     assert config.policy == "cost"
     assert (config.backends, config.keys, config.state_file, config.peers) == ((), (), None, None)
-    assert config.usage == Usage(timezone=None, retention_days=400)
-    assert config.drain == Drain(grace=5.0, timeout=600.0)
+    assert config.usage == UsageConfig(timezone=None, retention_days=400)
+    assert config.drain == DrainConfig(grace=5.0, timeout=600.0)
 
 
 def test_backend_key_and_peer_defaults() -> None:
@@ -148,7 +148,7 @@ def test_backend_key_and_peer_defaults() -> None:
     assert (key.rpm, key.tokens_per_day, key.weight, key.models, key.admin) == (
         None, None, 1, (), False
     )
-    assert config.peers == Peers(secret_file="/s", listen=Listen(":8081"), dns="pharos-peers")
+    assert config.peers == PeersConfig(secret_file="/s", listen=Listen(":8081"), dns="pharos-peers")
 
 
 def test_null_means_left_out() -> None:
@@ -652,7 +652,7 @@ def test_parse_duration_rejects(text: str) -> None:
 @pytest.mark.parametrize(("raw", "seconds"), [("7", 7.0), ("0.5", 0.5), ("1h30m", 5400.0)])
 def test_drain_accepts_bare_seconds(raw: str, seconds: float) -> None:
     """drain takes a YAML number as seconds as well as a duration string."""
-    assert parse(f"drain: {{grace: {raw}}}").drain == Drain(grace=seconds, timeout=600.0)
+    assert parse(f"drain: {{grace: {raw}}}").drain == DrainConfig(grace=seconds, timeout=600.0)
 
 
 @pytest.mark.parametrize("raw", ["-1", "true", "'5'", "[5s]"])
@@ -711,7 +711,8 @@ def test_listen_rejected(text: str) -> None:
 def test_peers_with_dns() -> None:
     """peers.dns replaces members; a name without a port takes peers.listen's port later."""
     peers = parse("peers: {secret_file: /s, listen: ':9001', dns: pharos-peers.default.svc}").peers
-    assert peers == Peers(secret_file="/s", listen=Listen(":9001"), dns="pharos-peers.default.svc")
+    assert peers == PeersConfig(secret_file="/s", listen=Listen(":9001"),
+                                dns="pharos-peers.default.svc")
     assert peers.listen.port() == 9001
 
 
@@ -757,11 +758,11 @@ def test_reload_diff_splits_live_from_restart() -> None:
         old,
         keys=old.keys[:1],
         policy="least-load",
-        drain=Drain(grace=1.0),
+        drain=DrainConfig(grace=1.0),
         listen=Listen(":9000"),
         state_file=None,
         peers=None,
-        usage=Usage(),
+        usage=UsageConfig(),
     )
     assert reload_diff(old, new) == (
         ["policy", "keys"],
@@ -795,15 +796,15 @@ def test_routing_section() -> None:
     """The routing guards parse with their defaults, null turns a guard off, and bad values
     are errors with their path."""
     from pharos.config import ConfigError as _ConfigError
-    from pharos.config import Routing, parse_config
+    from pharos.config import RoutingConfig, parse_config
 
-    assert parse_config("").routing == Routing()
+    assert parse_config("").routing == RoutingConfig()
     r = parse_config("routing:\n  bounded_load_epsilon: null\n  hot_prefix_utilization: 0.5\n"
                      "  session_affinity: false\n  prefix_entries: 1000\n"
                      "  eviction_pricing: null\n").routing
     assert r.bounded_load_epsilon is None and r.hot_prefix_utilization == 0.5
     assert r.session_affinity is False and r.prefix_entries == 1000
-    assert r.eviction_pricing is False and Routing().eviction_pricing is True
+    assert r.eviction_pricing is False and RoutingConfig().eviction_pricing is True
     try:
         parse_config("routing:\n  kv_pressure_threshold: 1.5\n  session_affinity: 1\n"
                      "  prefix_entries: 0\n  epsilon: 2\n  eviction_pricing: yes please\n")

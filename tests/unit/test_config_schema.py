@@ -82,8 +82,8 @@ def test_each_schema_object_matches_the_parser(at: Any, node: dict[str, Any]) ->
 @pytest.mark.parametrize(("section", "klass"), [
     ((), cfg.Config), ((("backends", True),), cfg.Backend), ((("keys", True),), cfg.Key),
     ((("tenants", True),), cfg.Tenant),
-    ((("usage", False),), cfg.Usage), ((("drain", False),), cfg.Drain),
-    ((("peers", False),), cfg.Peers), ((("routing", False),), cfg.Routing),
+    ((("usage", False),), cfg.UsageConfig), ((("drain", False),), cfg.DrainConfig),
+    ((("peers", False),), cfg.PeersConfig), ((("routing", False),), cfg.RoutingConfig),
     ((("observability", False),), cfg.Observability),
     ((("responses", False),), cfg.Responses),
     ((("observability", False), ("decision_log", False)), cfg.DecisionLogConfig),

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from pharos.config import Config
-from pharos.config import Drain as DrainConfig
+from pharos.config import DrainConfig as DrainConfig
 from pharos.peer.statefile import in_place, read_snapshot
 from pharos.proxy.drain import Drain, Health
 from pharos.service import PharosService

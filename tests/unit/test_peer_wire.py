@@ -11,7 +11,7 @@ import pytest
 from twisted.internet.defer import Deferred, fail, succeed
 
 from pharos.config import Backend as BackendSpec
-from pharos.config import Config, DnsBackends, Key, Listen, Peers, Usage
+from pharos.config import Config, DnsBackends, Key, Listen, PeersConfig, UsageConfig
 from pharos.peer.membership import Membership, join, split
 from pharos.peer.wire import (
     MAX_OPS,
@@ -150,7 +150,7 @@ def test_fingerprint_covers_backends_keys_and_zone() -> None:
     assert fingerprint(base) == fingerprint(same)
     for other in (Config(backends=base.backends, keys=base.keys[:1]),
                   Config(backends=base.backends[:1], keys=base.keys),
-                  Config(backends=base.backends, keys=base.keys, usage=Usage(timezone="UTC")),
+                  Config(backends=base.backends, keys=base.keys, usage=UsageConfig(timezone="UTC")),
                   Config(backends=base.backends, keys=base.keys,
                          dns_backends=(DnsBackends("engines.svc", 8000),))):
         assert fingerprint(other) != fingerprint(base)
@@ -176,7 +176,7 @@ def refresh(m: Membership) -> frozenset[str]:
 
 def test_static_members_never_change() -> None:
     """peers.members is the member set; refresh returns it unchanged."""
-    m = Membership(Peers("/s", members=("10.0.0.1:8081", "[::1]:8081")))
+    m = Membership(PeersConfig("/s", members=("10.0.0.1:8081", "[::1]:8081")))
     assert not m.dynamic
     assert refresh(m) == {"10.0.0.1:8081", "[::1]:8081"}
 
@@ -185,7 +185,7 @@ def test_dns_members_take_the_listen_port_and_survive_a_failed_resolution() -> N
     """peers.dns without a port takes peers.listen's; every address is a member; a failed
     resolution keeps the last set and says why."""
     resolver = FakeResolver()
-    m = Membership(Peers("/s", listen=Listen(":9001"), dns="pharos-peers"), resolver)
+    m = Membership(PeersConfig("/s", listen=Listen(":9001"), dns="pharos-peers"), resolver)
     assert m.dynamic
     resolver.answers = ["10.0.0.1", "10.0.0.2", "fd00::1"]
     assert refresh(m) == {"10.0.0.1:9001", "10.0.0.2:9001", "[fd00::1]:9001"}
@@ -225,7 +225,7 @@ def test_node_follows_dns_membership_every_ten_seconds() -> None:
     node = PeerNode("me", lambda: "fp", Scheduler(state, RouteSettings(PolicyConfig())),
                     Ledger(clock, "me"),
                     MemoryNetwork().transport("me"),
-                    Membership(Peers("/s", listen=Listen(":81"), dns="p"), resolver), clock)
+                    Membership(PeersConfig("/s", listen=Listen(":81"), dns="p"), resolver), clock)
     node.startService()
     assert set(node.peers) == {"10.0.0.1:81", "10.0.0.2:81"}
     assert all(p.loop is not None and p.loop.running for p in node.peers.values())

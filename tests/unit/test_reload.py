@@ -14,14 +14,14 @@ from twisted.internet.task import Clock
 from pharos.config import (
     Config,
     DecisionLogConfig,
-    Drain,
+    DrainConfig,
     Observability,
     OwnProbe,
     PromSpec,
     Reloaded,
-    Routing,
+    RoutingConfig,
     Timeouts,
-    Usage,
+    UsageConfig,
     file_name,
     load_config,
     reload_diff,
@@ -137,7 +137,7 @@ def test_routing_guards_apply_live_and_the_index_size_waits(tmp_path: Path) -> N
     r = applied[-1].routing
     assert (r.kv_pressure_threshold, r.bounded_load_epsilon, r.session_affinity) == (
         0.5, None, False)
-    assert r.prefix_entries == Routing().prefix_entries
+    assert r.prefix_entries == RoutingConfig().prefix_entries
     w.stopService()
 
 
@@ -148,7 +148,7 @@ def test_reload_diff_names_live_and_restart_fields() -> None:
     old = Config()
     new = Config(timeouts=Timeouts(stream_idle=5.0, request_headers=3.0,
                                    first_byte_generate=60.0),
-                 usage=Usage(retention_days=10), drain=Drain(grace=1.0),
+                 usage=UsageConfig(retention_days=10), drain=DrainConfig(grace=1.0),
                  observability=Observability(DecisionLogConfig("/tmp/d.jsonl")))
     live, restart = reload_diff(old, new)
     assert live == ["timeouts.first_byte_generate", "timeouts.stream_idle"]
