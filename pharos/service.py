@@ -35,7 +35,7 @@ from pharos.engine.fetch import make_client
 from pharos.journal import Journal
 from pharos.models import Fleet
 from pharos.obs.decisions import DecisionLog
-from pharos.obs.live import LiveMap, hook
+from pharos.obs.live import LiveMap
 from pharos.obs.metrics import Metrics, MetricsPage
 from pharos.obs.pages import Pages
 from pharos.obs.reqlog import RequestLog
@@ -355,10 +355,9 @@ class PharosService(MultiService):
             engine=EngineLeg(client, make_client(
                 reactor, HTTPConnectionPool(reactor, persistent=False)), reactor),
             inflight=inflight, conversations=conversations, on_done=on_done,
-            decision_log=decision_log,
+            decision_log=decision_log, watch=live_map,
             manager=ModelManager(state, client, reactor,
                                  lambda: live.now.config.timeouts.stream_idle))
-        hook(live_map, sched, public.engine)
         pages = Pages(StatusPage(state, sched, ledger, recent, peers=peer_node), live_map)
         backends = BackendSet(live, state)
         # The backend set: static, Docker and DNS, before the scrapers it feeds.
@@ -405,9 +404,9 @@ class PharosService(MultiService):
                 # The peer listener first, so instances starting together can pull from
                 # each other before their public listeners open.
                 psite = peer_site(peer_node, peer_secret,
-                                  lambda: build_snapshot(replicas, reactor))
-                if peer_resource is not None:
-                    psite.resource = peer_resource(psite.resource, metrics)
+                                  lambda: build_snapshot(replicas, reactor),
+                                  wrap=None if peer_resource is None
+                                  else lambda inner: peer_resource(inner, metrics))
                 children += [listen(config.peers.listen.strports(), psite), peer_node]
             # Opened once restored (a busy port still fails the start, probed).
             public_listener = listen(config.listen.strports(), site)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from twisted.application import strports
 from twisted.application.service import IService
@@ -62,7 +61,7 @@ class Options(usage.Options):
             raise usage.UsageError(f"{path}: {e.strerror}") from None
 
 
-def makeService(options: Any) -> IService:
+def makeService(options: Options) -> IService:
     """Wire the service tree from the parsed config (or the demo fleet)."""
     from twisted.internet import reactor
 

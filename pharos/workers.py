@@ -59,11 +59,20 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from twisted.application.internet import TimerService
+from treq.client import HTTPClient
 from twisted.application.service import IService, Service
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IListeningPort,
+    IReactorCore,
+    IReactorFromThreads,
+    IReactorProcess,
+    IReactorSocket,
+    IReactorTime,
+)
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -72,6 +81,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from pharos.config import LISTEN_BACKLOG, Config, Listen, PeersConfig, UsageConfig
+from pharos.periodic import Periodic
 from pharos.service import ListenError, PharosService, listen_error
 
 log = Logger()
@@ -228,7 +238,7 @@ class _Worker(ProcessProtocol):
 class Supervisor(Service):
     """twistd's service with ``workers: N`` > 1 (see the module's docstring)."""
 
-    def __init__(self, config: Config, config_path: str, reactor: Any,
+    def __init__(self, config: Config, config_path: str, reactor: IReactorTime,
                  log_level: str = "info", argv0: list[str] | None = None) -> None:
         self.config = config
         self.config_path = os.path.abspath(config_path)
@@ -242,7 +252,7 @@ class Supervisor(Service):
         self.peers: list[socket.socket] = []
         self.workers: dict[int, _Worker] = {}
         self.failures: dict[int, int] = {}
-        self.restarts: dict[int, Any] = {}  # pending restart calls by index
+        self.restarts: dict[int, IDelayedCall] = {}  # pending restart calls by index
         self.starts: dict[int, int] = {}
         self.stopping = False
         self.tmp: str | None = None
@@ -302,7 +312,7 @@ class Supervisor(Service):
             self.privilegedStartService()
         from pharos.reload import Sighup
 
-        self._sighup = Sighup(self.reactor, self.reload_all)
+        self._sighup = Sighup(IReactorFromThreads(self.reactor), self.reload_all)
         self._sighup.startService()
         # The bound port, not the configured one: ``listen: HOST:0`` lets the kernel choose.
         host = f"[{self.host}]" if ":" in self.host else self.host or "0.0.0.0"
@@ -328,7 +338,8 @@ class Supervisor(Service):
         fds: dict[int, Any] = {0: "w", 1: "r", 2: "r", PEER_FD: self.peers[index].fileno()}
         if self.mode != "reuseport":
             fds[PUBLIC_FD] = self.public.fileno()
-        self.reactor.spawnProcess(proto, args[0], args, env=dict(os.environ), childFDs=fds)
+        IReactorProcess(self.reactor).spawnProcess(proto, args[0], args, env=dict(os.environ),
+                                                   childFDs=fds)
         log.info("worker {index} started (pid {pid}, start {n})", index=index, pid=proto.pid,
                  n=self.starts[index])
 
@@ -430,7 +441,7 @@ class AdoptedPort(Service):
     bound beside the supervisor's): opened when started, closed when stopped (the drain),
     the inherited descriptor closed once adopted."""
 
-    def __init__(self, reactor: Any, fd: int, family: int, factory: Site,
+    def __init__(self, reactor: IReactorSocket, fd: int, family: int, factory: Site,
                  mode: str = "shared-burst", address: tuple[str, int] | None = None) -> None:
         self.reactor = reactor
         self.fd = fd
@@ -438,7 +449,7 @@ class AdoptedPort(Service):
         self.factory = factory
         self.mode = mode
         self.address = address
-        self.port: Any = None
+        self.port: IListeningPort | None = None
 
     def startService(self) -> None:
         super().startService()
@@ -452,7 +463,8 @@ class AdoptedPort(Service):
             s.bind(self.address)
             s.listen(LISTEN_BACKLOG)
             s.setblocking(False)
-            self.port = self.reactor.adoptStreamPort(s.fileno(), self.family, self.factory)
+            self.port = self.reactor.adoptStreamPort(
+                s.fileno(), socket.AddressFamily(self.family), self.factory)  # type: ignore[arg-type]
             s.close()
             return
         if self.mode == "shared":
@@ -460,7 +472,8 @@ class AdoptedPort(Service):
                 self.reactor, self.fd, self.family, self.factory)
             self.port.startListening()
         else:
-            self.port = self.reactor.adoptStreamPort(self.fd, self.family, self.factory)
+            self.port = self.reactor.adoptStreamPort(
+                self.fd, socket.AddressFamily(self.family), self.factory)  # type: ignore[arg-type]
         os.close(self.fd)
 
     def stopService(self) -> Deferred[None] | None:
@@ -471,8 +484,10 @@ class AdoptedPort(Service):
         return d
 
 
-async def _stop_listening(port: Any) -> None:
-    await port.stopListening()
+async def _stop_listening(port: IListeningPort) -> None:
+    stopped = port.stopListening()
+    if stopped is not None:
+        await stopped
 
 
 class OwnMetrics(Resource):
@@ -533,8 +548,8 @@ class WorkersMetrics(Resource):
 
     isLeaf = True
 
-    def __init__(self, spec: WorkerSpec, exposition: Callable[[], bytes], client: Any,
-                 secret: bytes, clock: Any) -> None:
+    def __init__(self, spec: WorkerSpec, exposition: Callable[[], bytes], client: HTTPClient,
+                 secret: bytes, clock: IReactorTime) -> None:
         super().__init__()
         self.spec = spec
         self.exposition = exposition
@@ -584,24 +599,21 @@ class WorkersMetrics(Resource):
     render_HEAD = render_GET
 
 
-class Orphaned(TimerService):
+def orphaned(reactor: IReactorCore, supervisor: int) -> Periodic:
     """Stops the reactor (a drain) when the supervisor that started this worker is gone."""
+    fired: list[bool] = []
 
-    def __init__(self, reactor: Any, supervisor: int) -> None:
-        super().__init__(ORPHAN_CHECK, self._check)
-        self.clock = reactor
-        self.reactor = reactor
-        self.supervisor = supervisor
-        self.fired = False
+    def check() -> None:
+        if not fired and os.getppid() != supervisor:
+            fired.append(True)
+            log.error("the supervisor (pid {pid}) is gone: stopping", pid=supervisor)
+            reactor.stop()
 
-    def _check(self) -> None:
-        if not self.fired and os.getppid() != self.supervisor:
-            self.fired = True
-            log.error("the supervisor (pid {pid}) is gone: stopping", pid=self.supervisor)
-            self.reactor.stop()
+    return Periodic(IReactorTime(reactor), ORPHAN_CHECK, check, what="the supervisor check",
+                    now=True)
 
 
-def worker_service(config: Config, config_path: str, spec_text: str, reactor: Any,
+def worker_service(config: Config, config_path: str, spec_text: str, reactor: IReactorTime,
                    request_log: bool = False, docker_socket: str | None = None) -> IService:
     """Worker ``spec.index``'s service tree: a whole Pharos (``PharosService.from_config``)
     on the adopted sockets, with its siblings as peers, every worker's series on its
@@ -614,11 +626,11 @@ def worker_service(config: Config, config_path: str, spec_text: str, reactor: An
 
     def listen(description: str, site: Site) -> IService:
         if description == PUBLIC_ADOPTED:
-            return AdoptedPort(reactor, PUBLIC_FD, spec.family, site, spec.mode,
+            return AdoptedPort(IReactorSocket(reactor), PUBLIC_FD, spec.family, site, spec.mode,
                                (spec.host, spec.port))
         if description == PEER_ADOPTED:
             site.log = lambda request: None  # type: ignore[method-assign]  # deltas: 50/s
-            return AdoptedPort(reactor, PEER_FD, socket.AF_INET, site)
+            return AdoptedPort(IReactorSocket(reactor), PEER_FD, socket.AF_INET, site)
         raise WorkerError(f"a worker has no listener for {description!r}")
 
     def reload_siblings() -> None:
@@ -634,6 +646,6 @@ def worker_service(config: Config, config_path: str, spec_text: str, reactor: An
         metrics_page=lambda metrics, client: WorkersMetrics(
             spec, metrics.exposition, client, secret, reactor),
         peer_resource=lambda inner, metrics: OwnMetrics(inner, metrics.exposition, secret),
-        extra=[Orphaned(reactor, spec.supervisor)])
+        extra=[orphaned(IReactorCore(reactor), spec.supervisor)])
     log.info("worker {index} of {count}", index=spec.index, count=spec.count)
     return top

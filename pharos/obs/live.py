@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
@@ -158,9 +157,9 @@ class Reader:
 
 
 class LiveMap(Service):
-    """The events and their readers; subscribe ``on_done`` to the proxy's finished requests
-    and ``hook`` for the earlier lifecycle steps. A service: stopping it closes the readers
-    and its timer."""
+    """The events and their readers: ``on_done`` subscribes to the proxy's finished requests,
+    and the map is the proxy's ``Watch`` for the earlier steps. A service: stopping it
+    closes the readers and its timer."""
 
     def __init__(self, state: State, clock: IReactorTime, *, max_buffer: int = MAX_BUFFER,
                  keepalive: float = KEEPALIVE, max_readers: int = MAX_READERS,
@@ -214,6 +213,11 @@ class LiveMap(Service):
                        "ttft_ms": _int(r["ttft_ms"]), "duration_ms": _int(r["duration_ms"])})
         except Exception:  # the proxy's request never fails for the map
             log.failure("live map: done event failed")
+
+    @property
+    def watching(self) -> bool:
+        """Someone reads the map: the proxy's events are worth sending."""
+        return bool(self.readers)
 
     def admitted(self, key: object, model: object) -> None:
         """A request passed auth and admission and asks the scheduler for a slot."""
@@ -334,59 +338,6 @@ class LiveMap(Service):
                 tags.script(src=SCRIPT_PATH)))
         d = flattenString(None, doc)
         return d.addCallback(lambda body: b"<!DOCTYPE html>\n" + body)
-
-
-def hook(live: LiveMap, sched: Any, start_reply_owner: Any) -> Callable[[], None]:
-    """Feed ``admitted``, ``queued``, ``routed`` and ``first_byte`` by wrapping
-    ``sched.acquire`` and the owner's ``start_reply`` on those instances (no change to the
-    proxy); returns the undo.
-    A ``hook`` list on the proxy would replace this once the proxy has one."""
-    acquire = sched.acquire
-    start_reply = start_reply_owner.start_reply
-
-    def acquire_seen(key: Any, *args: Any, **kw: Any) -> Any:
-        if not live.readers:
-            return acquire(key, *args, **kw)  # nobody watches: no event
-        req = args[1] if len(args) > 1 else kw.get("req")
-        model = getattr(req, "model", None)
-        retry = args[2] if len(args) > 2 else kw.get("front", False)
-        if not retry:
-            try:
-                live.admitted(key, model)
-            except Exception:  # never fail the request for the map
-                log.failure("live map: admitted event failed")
-        d = acquire(key, *args, **kw)
-
-        def granted(lease: Any) -> Any:
-            try:
-                live.routed(key, lease.target, lease.decision.reason)
-            except Exception:  # never fail the request for the map
-                log.failure("live map: routed event failed")
-            return lease
-
-        if not d.called:
-            live.queued(key, model)
-        d.addCallback(granted)
-        return d
-
-    def start_seen(request: Any, response: Any, target: Any, reason: str,
-                   lease: Any = None) -> None:
-        start_reply(request, response, target, reason, lease)
-        if not live.readers:
-            return
-        try:
-            live.first_byte(target, reason)
-        except Exception:
-            log.failure("live map: first byte event failed")
-
-    sched.acquire = acquire_seen
-    start_reply_owner.start_reply = start_seen
-
-    def undo() -> None:
-        sched.acquire = acquire
-        start_reply_owner.start_reply = start_reply
-
-    return undo
 
 
 _CSS = """

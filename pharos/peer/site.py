@@ -94,10 +94,12 @@ class WithOrigin(Resource):
 
 
 def peer_site(node: PeerNode, secret: bytes,
-              snapshot: Callable[[], Deferred[bytes]] | None) -> Site:
-    """The peer site: bounded bodies, the origin header on every reply."""
-    api = PeerAPI(node, secret, snapshot)
-    site = Site(WithOrigin(api.app.resource(), node.origin),
+              snapshot: Callable[[], Deferred[bytes]] | None,
+              wrap: Callable[[IResource], IResource] | None = None) -> Site:
+    """The peer site: bounded bodies, the origin header on every reply; ``wrap`` adds to the
+    peer API (a worker's own metrics)."""
+    api: IResource = PeerAPI(node, secret, snapshot).app.resource()
+    site = Site(WithOrigin(wrap(api) if wrap is not None else api, node.origin),
                 requestFactory=bounded_request_factory(MAX_DELTA_BYTES))
     site.noisy = False
     return site

@@ -91,6 +91,31 @@ class DecisionSink(Protocol):
                 ) -> None: ...
 
 
+class Watch(Protocol):
+    """Who follows requests through their steps (the live map). ``watching`` is read first,
+    so a request nobody watches costs one attribute read; an event that fails is logged and
+    never fails the request."""
+
+    @property
+    def watching(self) -> bool: ...
+
+    def admitted(self, key: str, model: str | None) -> None: ...
+
+    def queued(self, key: str, model: str | None) -> None: ...
+
+    def routed(self, key: str, target: Target, reason: str) -> None: ...
+
+    def first_byte(self, target: Target, reason: str) -> None: ...
+
+
+def tell(event: Callable[..., None], *args: object) -> None:
+    """One event to a ``Watch``."""
+    try:
+        event(*args)
+    except Exception:
+        log.failure("live map: {event} event failed", event=event.__name__)
+
+
 @attr.s(auto_attribs=True, eq=False)
 class EngineLeg:
     """What an attempt asks of the engines: ``send`` its body to a target's route (``fresh``:
@@ -243,7 +268,8 @@ class Exchange:
                  limits: Limits, inflight: Inflight, session: int | None,
                  who: Identity = OPEN, policy: PolicyConfig | None = None,
                  capture: Callable[[StreamTap], Tap] | None = None,
-                 decision_log: DecisionSink | None = None, request_id: str = "") -> None:
+                 decision_log: DecisionSink | None = None, request_id: str = "",
+                 watch: Watch | None = None) -> None:
         self.request = request
         self.parsed = parsed
         self.path = path
@@ -265,6 +291,7 @@ class Exchange:
         self.request_id = request_id
         self.decision_log = (decision_log if decision_log is not None
                              and decision_log.sampled(request_id) else None)
+        self.watch = watch
         self.lease: Lease | None = None
         self.gone = False
         self.outcome: str | None = None
@@ -420,12 +447,19 @@ class Exchange:
     async def _acquire(self, req: SchedRequest, retries: Retries) -> Lease | None:
         """The next attempt's lease (a retry at the front of the queue, never on a target
         tried); None when a retry finds no target left."""
-        who, decisions = self.who, self.decisions
+        who, decisions, watch = self.who, self.decisions, self.watch
+        if watch is not None and not watch.watching:
+            watch = None
         asked_at = self.clock.seconds()
+        if watch is not None and not retries.retrying:
+            tell(watch.admitted, who.name, req.model)
         try:
-            lease = await self._wait(self.sched.acquire(
+            granted = self.sched.acquire(
                 who.name, who.weight, replace(req, exclude=frozenset(retries.tried)),
-                front=retries.retrying, tenant=who.tenant, tenant_weight=who.tenant_weight))
+                front=retries.retrying, tenant=who.tenant, tenant_weight=who.tenant_weight)
+            if watch is not None and not granted.called:
+                tell(watch.queued, who.name, req.model)
+            lease = await self._wait(granted)
         except UnknownModel:
             decisions.append(("route", "unknown_model"))
             if retries.retrying:
@@ -442,6 +476,8 @@ class Exchange:
         except CancelledError:
             decisions.append(("route", "client_left"))
             raise
+        if watch is not None:
+            tell(watch.routed, who.name, lease.target, lease.decision.reason)
         self._take(lease)
         self.sent_at = self.clock.seconds()
         self.attempts += 1
@@ -583,10 +619,17 @@ class Exchange:
         if not (isinstance(doc, dict) and doc.get("type") == "error"):
             body = ApiError(response.code, _message(body)).body(ollama=False, anthropic=True)
         request = self.request
-        self.engine.start_reply(request, response, lease.target, lease.decision.reason, lease)
+        self._start_reply(response, lease.target, lease)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", b"%d" % len(body))
         request.write(body)
+
+    def _start_reply(self, response: IResponse, target: Target, lease: Lease) -> None:
+        """The engine's head on the client's reply: the engine answered."""
+        self.engine.start_reply(self.request, response, target, lease.decision.reason, lease)
+        watch = self.watch
+        if watch is not None and watch.watching:
+            tell(watch.first_byte, target, lease.decision.reason)
 
     async def _relay_reply(self, response: IResponse, lease: Lease, sent_at: float) -> None:
         """Stream the reply back; the headers go out with its first byte (until then the
@@ -606,7 +649,7 @@ class Exchange:
             self._replied(lease)
             self._cancel_timer()
             first.append(self.clock.seconds())
-            self.engine.start_reply(request, response, target, lease.decision.reason, lease)
+            self._start_reply(response, target, lease)
             length = response.length
             if unchanged and isinstance(length, int):
                 request.setHeader(b"content-length", str(length).encode())

@@ -38,6 +38,7 @@ from pharos.proxy.exchange import (
     Exchange,
     Inflight,
     Limits,
+    Watch,
 )
 from pharos.proxy.live import LiveConfig
 from pharos.proxy.manage import BLOB_METHODS, MANAGE_METHODS, ModelManager
@@ -91,6 +92,8 @@ class PublicAPI:
     on_done: list[Callable[[Done], object]] = attr.Factory(list)
     #: The decision log (``observability.decision_log``), if configured.
     decision_log: DecisionSink | None = None
+    #: Who follows every request's steps (the live map).
+    watch: Watch | None = None
     admission: Admission = attr.ib(
         default=attr.Factory(lambda self: Admission(self.ledger), takes_self=True))
     started: int = attr.ib(factory=lambda: int(time.time()), init=False)
@@ -346,7 +349,8 @@ class PublicAPI:
                         engine=self.engine, clock=self.clock, limits=limits,
                         inflight=self.inflight, session=session, who=who,
                         policy=live.fleet.policy_for(parsed.model, request_key(session, rid)),
-                        capture=capture, decision_log=self.decision_log, request_id=rid)
+                        capture=capture, decision_log=self.decision_log, request_id=rid,
+                        watch=self.watch)
 
 
 def session_of(request: Request, parsed: Parsed) -> int | None:

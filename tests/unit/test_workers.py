@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.error import ProcessTerminated
+from twisted.internet.interfaces import IReactorFromThreads, IReactorProcess
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from pharos import config as cfg
 from pharos.config import ConfigError, parse_config
@@ -176,6 +178,7 @@ class FakeTransport:
         self.signals.append(name)
 
 
+@implementer(IReactorProcess, IReactorFromThreads)
 class FakeReactor(Clock):
     """A clock that records spawned processes."""
 
@@ -183,8 +186,12 @@ class FakeReactor(Clock):
         super().__init__()
         self.spawned: list[tuple[Any, list[str], dict[int, Any]]] = []
 
-    def spawnProcess(self, proto: Any, exe: str, args: list[str], env: Any,
-                     childFDs: dict[int, Any]) -> None:  # noqa: N803
+    def callFromThread(self, callable: Any, *args: Any, **kw: Any) -> None:
+        callable(*args, **kw)
+
+    def spawnProcess(self, proto: Any, exe: Any, args: Any, env: Any = None,
+                     path: Any = None, uid: Any = None, gid: Any = None, usePTY: Any = False,  # noqa: N803
+                     childFDs: Any = None) -> Any:  # noqa: N803
         proto.makeConnection(FakeTransport(1000 + len(self.spawned)))
         self.spawned.append((proto, args, childFDs))
 
