@@ -1,17 +1,15 @@
-"""Compiled modules (issue 10 item 6): ``pharos.policy`` and ``pharos.linkhash`` compiled by
-mypyc, each imported in place of its source only when it was built from that very source.
+"""Compiled modules: ``pharos.policy`` and ``pharos.linkhash`` compiled by mypyc, each
+imported in place of its source only when it was built from that very source.
 
-The pick's per-candidate arithmetic costs about 0.4 us a candidate interpreted, half of a
-decision over 64 targets; compiled, the same source runs several times faster. The source
-stays the reference: ``make install`` builds ``pharos/policy.mypyc<EXT_SUFFIX>`` from
-``pharos/policy.py`` (``contrib/build_compiled.py``, which embeds the source's SHA-256 in it),
-and a test compares the compiled and interpreted decisions over random fleets. The chain's
-common links (``pharos.linkhash``) are built the same way and tested the same way against the
-general path. The built
-file's name is no module's, so Python never imports it on its own: only this finder does,
-and only when the hash embedded in it is the source's beside it. Otherwise (the source
-edited since the build, no build, a build for another Python, ``PHAROS_COMPILED=0``) the
-source is imported, with a warning when a built file was refused; ``status`` says which.
+Interpreted, the pick's per-candidate arithmetic is about half of a decision; compiled, the
+same source runs several times faster. The source stays the reference: ``make install``
+builds ``pharos/policy.mypyc<EXT_SUFFIX>`` from ``pharos/policy.py``
+(``contrib/build_compiled.py``, which embeds the source's SHA-256 in it), and tests compare
+compiled and interpreted results. The built file's name is no module's, so Python never
+imports it on its own: only this finder does, and only when the hash embedded in it is the
+source's beside it. Otherwise (the source edited since the build, no build, a build for
+another Python, ``PHAROS_COMPILED=0``) the source is imported, with a warning when a built
+file was refused; ``status`` says which.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ def source_digest(path: str) -> str:
 def load(name: str, source: str) -> tuple[ModuleType | None, str]:
     """The compiled module of ``source`` under ``name`` when it is current, with the status;
     (None, why) when the source must be imported instead (warned when a built file was
-    refused: it would have been used had it been current)."""
+    refused)."""
     if os.environ.get(ENV) == "0":
         return None, f"interpreted ({ENV}=0)"
     path = artifact(source)
