@@ -1,15 +1,12 @@
 """Compiled modules: ``pharos.policy`` and ``pharos.linkhash`` compiled by mypyc, each
 imported in place of its source only when it was built from that very source.
 
-Interpreted, the pick's per-candidate arithmetic is about half of a decision; compiled, the
-same source runs several times faster. The source stays the reference: ``make install``
-builds ``pharos/policy.mypyc<EXT_SUFFIX>`` from ``pharos/policy.py``
-(``contrib/build_compiled.py``, which embeds the source's SHA-256 in it), and tests compare
-compiled and interpreted results. The built file's name is no module's, so Python never
-imports it on its own: only this finder does, and only when the hash embedded in it is the
-source's beside it. Otherwise (the source edited since the build, no build, a build for
-another Python, ``PHAROS_COMPILED=0``) the source is imported, with a warning when a built
-file was refused; ``status`` says which.
+Interpreted, the pick's per-candidate arithmetic is about half of a decision. ``make install``
+builds ``pharos/policy.mypyc<EXT_SUFFIX>`` (``contrib/build_compiled.py``, embedding the
+source's SHA-256), a name no import statement reaches: only this finder loads it, and only
+when the hash is the source's beside it. Otherwise (no build, the source edited since, another
+Python, ``PHAROS_COMPILED=0``) the source is imported, with a warning when a built file was
+refused; ``status`` says which. Tests compare compiled and interpreted results.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ status: dict[str, str] = {}
 
 
 def artifact(source: str) -> str:
-    """The compiled file built from ``source`` (``x/policy.py`` -> ``x/policy.mypyc<suffix>``):
-    a name no import statement reaches, for this Python's extension suffix."""
+    """The compiled file built from ``source`` (``x/policy.py`` -> ``x/policy.mypyc<suffix>``)."""
     return source[: -len(".py")] + ".mypyc" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
@@ -61,8 +57,7 @@ def load(name: str, source: str) -> tuple[ModuleType | None, str]:
     if spec is None:
         why = "no import spec"
     else:
-        # Executed as the import system executes a module: listed in sys.modules meanwhile
-        # (and whatever was listed under its name put back after).
+        # Listed in sys.modules while executed, as an import does (the old entry put back).
         previous = sys.modules.get(name)
         try:
             module = importlib.util.module_from_spec(spec)
@@ -101,8 +96,7 @@ class _Loaded(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the modules of ``COMPILED``: the compiled one when current, else None (the
-    source, found by the usual finders)."""
+    """Finds the modules of ``COMPILED``: the compiled one when current, else None."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:

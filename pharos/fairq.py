@@ -69,8 +69,7 @@ class _Tenant(Generic[W]):
 
 
 class FairQueue(Generic[W]):
-    """Waiters by tenant and key. ``heads()`` gives the heads in service order; the caller
-    takes one it can place with ``served``."""
+    """Waiters by tenant and key: the caller ``served`` one of the ``heads()`` it can place."""
 
     def __init__(self) -> None:
         self._tenants: dict[str, _Tenant[W]] = {}

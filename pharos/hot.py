@@ -14,8 +14,8 @@ import math
 from collections import OrderedDict
 from typing import Final
 
-#: Seconds over which demand decays to 1/e (assumed: long enough to see a burst's rate, short
-#: enough to let a prompt cool down within a minute).
+#: Seconds over which demand decays to a half (assumed: long enough to see a burst's rate,
+#: short enough to let a prompt cool down within a minute).
 HALF_LIFE_SEC: Final = 10.0
 #: Roots tracked at once.
 CAPACITY: Final = 4096

@@ -26,10 +26,9 @@ NO_EXTRA: Final = bytes(LEN)
 
 def common_links(prev: bytes, messages: list[object], start: int, total: int,
                  keys: list[int], ends: list[int]) -> tuple[int, bytes, int]:
-    """Hash ``messages`` from ``start`` while each is a common message (a ``dict`` of exactly
-    a known role and a ``str`` content), appending each link's key and prompt end to ``keys``
-    and ``ends``. Returns the index of the first message it did not hash, the last digest
-    and the running total of prompt bytes."""
+    """Hash ``messages`` from ``start`` while each is a common message, appending each link's
+    key and prompt end to ``keys`` and ``ends``. Returns the index of the first message it
+    did not hash, the last digest and the running total of prompt bytes."""
     sha256 = hashlib.sha256
     i = start
     count = len(messages)

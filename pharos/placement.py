@@ -1,14 +1,10 @@
 """Model placement on multi-model hosts: what a load costs and what it evicts.
 
 A cold dispatch on a host whose memory is full evicts idle models, and the next requests
-for them pay a reload. The scheduler prices that (``Candidate.reload_sec``) with load times
-from model sizes (``LoadRates``), each model's demand (``ModelDemand``), the idle models a
-load pushes out (``victims``) and what their next requests pay (``reload_price``).
-``ReplicaRule`` says when a request for a model warm somewhere queues for a warm slot instead
-of loading another copy, and when a single-model host serves its loaded model's queue before
-it swaps, both within ``wait_bound_sec`` so no request (a tail model's) waits for ever.
-
-Pure: no clock (times are passed in), no I/O, bounded.
+for them pay a reload, which the scheduler prices (``Candidate.reload_sec``). ``ReplicaRule``
+says when a request for a model warm somewhere queues for a warm slot instead of loading a
+copy, and when a single-model host serves its loaded model's queue before it swaps, both
+within ``wait_bound_sec`` so no request waits for ever. Pure: no clock, no I/O, bounded.
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ class LoadRates:
         self._hosts: OrderedDict[str, float] = OrderedDict()
 
     def learn(self, host: str, size_bytes: int | None, load_sec: float | None) -> None:
-        """A load of a model of ``size_bytes`` took ``load_sec`` on ``host`` (unknown size
-        or time: nothing learned)."""
+        """A load of ``size_bytes`` took ``load_sec`` on ``host`` (unknown: nothing learned)."""
         if size_bytes is None or size_bytes <= 0 or load_sec is None or not load_sec > 0:
             return
         rate = size_bytes / load_sec
@@ -73,8 +68,7 @@ class LoadRates:
         return self.default, "default"
 
     def estimate(self, host: str, size_bytes: int | None) -> tuple[float, str] | None:
-        """Seconds to load a model of ``size_bytes`` on ``host``, and the rate's source;
-        None for an unknown size (the policy's fleet median applies)."""
+        """Seconds to load ``size_bytes`` on ``host``, and the rate's source; None: unknown."""
         if size_bytes is None or size_bytes <= 0:
             return None
         rate, source = self.rate(host)
@@ -122,10 +116,8 @@ def horizon(keep_alive: float = KEEP_ALIVE_SEC) -> float:
 
 
 def reload_price(rate: float, load_sec: float, horizon: float = DEMAND_HALF_LIFE_SEC) -> float:
-    """Seconds of waiting an eviction costs the evicted model's next requests: its first
-    request within ``horizon`` (probability ``1 - exp(-rate × horizon)``) pays the whole
-    reload, and the ``rate × load_sec`` requests arriving during the reload wait half of it
-    on average."""
+    """Seconds of waiting an eviction costs the evicted model's next requests: the first
+    within ``horizon`` pays the whole reload, those arriving during it half on average."""
     if rate <= 0 or load_sec <= 0:
         return 0.0
     return load_sec * (1.0 - math.exp(-rate * horizon)) + rate * load_sec * load_sec / 2.0
@@ -207,9 +199,8 @@ def _s(x: float) -> str:
 
 
 def replica_needed(rule: ReplicaRule, demand: float, warm_slots: int) -> str | None:
-    """Whether a model's slot demand is more than its ``warm_slots`` serve at
-    ``utilization``: then a request finding them full loads a copy instead of joining a queue
-    that only grows. None: not needed (``replica_hold`` decides)."""
+    """Whether a model's slot demand is more than its ``warm_slots`` serve at ``utilization``:
+    then a request finding them full loads a copy rather than join a queue that only grows."""
     if rule.utilization is None or warm_slots <= 0:
         return None
     served = warm_slots * rule.utilization

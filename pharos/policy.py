@@ -25,10 +25,9 @@ through Pharos (same admission, queue, retries).
     seeded rank; the less utilized of the two lowest ranks; rendezvous hashing on the root
     prefix (``p2c`` without one).
 
-A pick computes only what selection reads; the decision's wording and every candidate's full
-terms are built from the pick's working set when first read (``Decision``, ``pharos.reasons``).
-The estimate is written twice for that, in full in ``_Shared.terms`` and inlined in the hot loop
-``_select_cost``: a new cost term goes in both, and a property test compares the two.
+A pick computes only what selection reads (``Decision``). The estimate is written twice, in
+full in ``_Shared.terms`` and inlined in the hot loop ``_select_cost``: a new cost term goes in
+both, and a property test compares the two.
 
 Unknown is ``None``, never 0: an unknown speed or time falls back to the candidates' median,
 then to the documented default, and the score's ``fallbacks`` say so.
@@ -136,30 +135,24 @@ class Candidate:
     #: Estimated prefill seconds of Pharos's requests on the target still without a first
     #: byte: a new prompt is computed after them (engines prefill in arrival order).
     queued_prefill_sec: float = 0.0
-    #: Tokens of live prefixes taking this prompt in would push out of the only cache that
-    #: holds them (``pharos.retention``): a later request pays their prefill.
+    #: Tokens of live prefixes this prompt would push out of their only cache (retention).
     evict_tokens: int = 0
     #: Tokens the engine's KV pool can still give a new prompt (None: unknown). A prompt
     #: whose uncached part does not fit waits in the engine for blocks although a slot is free.
     kv_free_tokens: int | None = None
-    #: A cold load's eviction price: seconds the next requests of the idle models it pushes
-    #: out (``victims``) are expected to wait for their reload (``pharos.placement``).
-    #: Counted only when the load is paid (cold, not loading).
+    #: A cold load's eviction price (``pharos.placement``): seconds the next requests of the
+    #: models it pushes out (``victims``) wait for their reload; paid only when cold.
     reload_sec: float = 0.0
     victims: tuple[str, ...] = ()
-    #: How ``load_sec`` was estimated when no load was measured on the target (a
-    #: ``Score.fallbacks`` entry, e.g. ``load_sec=size/host``); None: measured, or unknown.
+    #: How ``load_sec`` was estimated (a ``Score.fallbacks`` entry); None: learned, or unknown.
     load_basis: str | None = None
-    #: Why the scheduler holds this candidate back for now (``Hosts.holds``): set aside with
-    #: this reason.
+    #: Why the scheduler holds this candidate back for now: set aside with this reason.
     held: str | None = None
     #: The backend's calibrated prefill cost (a, b, d): ``P(u, c) = a·u + b·u·(c + u/2) + d``
     #: (``backends[].cost_model``), used instead of ``prefill_sec_per_token``; None: learned.
     prefill_model: tuple[float, float, float] | None = None
-    #: ``capacity`` is Pharos's own estimate (learned, or the fallback), the engine has never
-    #: queued at it and reported no queue at its last round: it may run more, so a target
-    #: holding the prompt's root gets a slot past it while nothing queues ahead
-    #: (``pharos.sched.with_match``) rather than sending its hits to engines without the prompt.
+    #: ``capacity`` is Pharos's own estimate, never queued at, and the engine reported no
+    #: queue at its last round: it may run more (``pharos.sched.with_match``).
     capacity_open: bool = False
 
 
@@ -198,8 +191,8 @@ class PolicyConfig:
             raise ValueError("bounded_load_epsilon must be >= 0 (or None: off)")
 
 
-#: A score as a plain tuple in ``Score``'s field order: what a decision keeps (a frozen
-#: dataclass costs about 1 µs to construct, 64 of them most of the budget of a pick).
+#: A score as a plain tuple in ``Score``'s field order: what a decision keeps (64 frozen
+#: dataclasses would cost most of a pick).
 ScoreTerms: TypeAlias = tuple[
     int, float | None, float, float, float, float, float, tuple[str, ...], str | None, float,
     float,
@@ -243,11 +236,9 @@ class Score:
 class Decision:
     """Where the request goes, and why.
 
-    A pick decides the target and whether to queue, and nothing else: what people read (the
-    ``reason``, the route outcome ``why``, the ``guards`` that acted) and every candidate's full
-    terms (``score_terms``, ``scores``) are built from the pick's working set when first read,
-    and kept (most decisions, such as a waiter placed again on every release, read none of
-    it). Equality and the hash cover all of it, so a decision is still a plain value."""
+    A pick decides the target and whether to queue, and nothing else: what people read and
+    every candidate's full terms are built from the pick's working set when first read (most
+    decisions read none of it). Equality and the hash cover all of it: a plain value."""
 
     target_id: int | None  # None: no feasible candidate (or none at all)
     enqueue: bool  # the target has no free slot (or none is feasible): wait in the fair queue
@@ -726,14 +717,10 @@ def rank(seed: int, target_id: int) -> int:
 def _break_tie(ties: list[int], scored: _Scored, seed: int, reload: bool = False
                ) -> tuple[int, str | None]:
     """The lowest utilization among the tied indices, then (``reload``: cost's) the lowest
-    eviction price, then the lowest seeded random rank (rendezvous hashing, so the choice does
-    not depend on candidate order). Returns the winner and what broke the tie, None if there
-    was none.
-
-    The eviction price breaks a tie before the seed: two cold loads of one model on
-    different hosts tie whenever their victims' prices differ by less than the window (the
-    price saturates at about one reload for any model asked for within its horizon), and the
-    lower price is the victim likelier to be asked for last."""
+    eviction price, then the lowest seeded rank (rendezvous hashing: independent of candidate
+    order). Returns the winner and what broke the tie (None: no tie). The eviction price comes
+    before the seed: cold loads of one model on different hosts tie whenever their victims'
+    prices are within the window, and the lower price is the victim likelier asked for last."""
     if len(ties) == 1:
         return ties[0], None
     low = math.inf

@@ -41,9 +41,8 @@ Index (``PrefixIndex``): an LRU over entries keyed by the 64-bit link hash, defa
 Each entry holds up to 4 ``(target_id, gen, last_used, source)`` slots; on a 5th target the
 least recently used slot goes, and on a tie in ``last_used`` the first arrival keeps it.
 
-Memory: about 110-140 B an entry, kept small by plain dicts in shards that never leave a
-2**16-row table (``SHARD_ENTRIES``), a slot packed into one int, and one such int shared by
-every link a record writes.
+Memory: about 110-140 B an entry: plain dicts in shards (``SHARD_ENTRIES``), a slot packed
+into one int shared by every link a record writes.
 
 LRU: ``record`` and ``merge`` touch the entries they write; ``lookup`` does not (a lookup whose
 request then fails must not keep entries alive; a success records, which touches). A record
@@ -601,11 +600,9 @@ class PrefixIndex:
         source: Source = "peer",
     ) -> int:
         """Apply a peer's deltas (``PrefixOp``, in order) or a snapshot (``export``'s entries,
-        most recent first, applied from the oldest so the LRU order carries over) as local
-        records and removals. Unknown target keys, and targets whose gen is unknown, are dropped;
-        merged slots are stamped with the receiver's current gen and ``source`` (``peer`` for
-        deltas, ``restored`` for snapshots); ``last_used`` is capped at ``now`` (clock skew).
-        Returns how many items were dropped."""
+        applied from the oldest so the LRU order carries over) as local records and removals,
+        stamped with the receiver's current gen and ``source``; ``last_used`` is capped at
+        ``now`` (clock skew). Returns how many were dropped (unknown targets or gens)."""
         gen_of = _gen_getter(gens)
         dropped = 0
         run: list[Entry] = []
@@ -680,9 +677,8 @@ class PrefixIndex:
         yield out
 
     def lru_order(self) -> list[int]:
-        """All entry keys, least recently used first: exact in one shard; across shards, their
-        orders interleaved by each entry's newest ``last_used`` (each shard's own order kept, so
-        a snapshot merged into an index of the same capacity rebuilds every shard's order)."""
+        """All entry keys, least recently used first: each shard's order kept, interleaved by
+        each entry's newest ``last_used`` (a snapshot merged in rebuilds every shard's order)."""
         return list(self._ordered(newest_first=False))
 
     def _ordered(self, newest_first: bool) -> Iterator[int]:
@@ -700,9 +696,9 @@ class PrefixIndex:
 
 
 def drop_oldest(table: dict[Any, Any], cap: int) -> None:
-    """Drop a plain dict's first (oldest) keys: down to ``cap`` less 1/EVICT_FRACTION of it.
-    A dict has no cheap "oldest" (finding its first live row walks the holes earlier pops
-    left), so a bounded table in insertion order is trimmed in batches, one walk each."""
+    """Drop a plain dict's oldest keys, down to ``cap`` less 1/EVICT_FRACTION of it: a dict
+    has no cheap "oldest" (its first live row is past earlier pops' holes), so it is trimmed
+    in batches, one walk each."""
     it = iter(table)
     victims = [next(it) for _ in range(len(table) - cap + cap // EVICT_FRACTION)]
     for key in victims:
@@ -710,10 +706,8 @@ def drop_oldest(table: dict[Any, Any], cap: int) -> None:
 
 
 def _put(old: Slots, slot: int) -> Slots:
-    """The entry's slots with ``slot`` recorded: its target's slot updated in place (its gen
-    always; its last_used and source unless that would move last_used back at the same gen),
-    else appended, the least recently used going past ``MAX_SLOTS`` (on a tie the latest
-    arrival)."""
+    """The entry's slots with ``slot`` recorded: its target's slot updated (``_updated``),
+    else appended, the least recently used going past ``MAX_SLOTS`` (a tie: the latest)."""
     target = slot & _TARGET_MASK
     if type(old) is int:
         if old & _TARGET_MASK == target:

@@ -86,10 +86,9 @@ def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
 
 
 def _alternatives(scored: _Scored) -> tuple[int, int]:
-    """The cost winner's two yardsticks among the other feasible candidates: the reference
-    ``_why`` measures it against (the least utilized, then the lowest est_ttft, then target
-    id; -1 when the winner is strictly the least utilized or alone) and the runner-up its
-    reason names (the lowest est_ttft, first among equals; -1 when alone)."""
+    """The cost winner's reference for ``_why`` (the least utilized other, then the lowest
+    est_ttft, then target id; -1 when the winner is strictly the least utilized or alone) and
+    the runner-up its reason names (the lowest est_ttft; -1 when alone)."""
     candidates, ests, win = scored.candidates, scored.est, scored.win
     ref, ref_util, ref_est, ref_id = -1, 0.0, 0.0, 0
     runner, runner_est = -1, 0.0

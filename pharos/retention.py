@@ -7,17 +7,14 @@ prices that like a model eviction: the prefill of the live roots a choice pushes
 only cache that holds them.
 
 Per target, an LRU of the roots Pharos sent it (their estimated tokens), and how many root
-tokens it retains, learned from replies rather than modelled from block counts: a root found
-cached with ``ahead`` tokens of other roots sent there since it was last used means the
-cache retains at least ``ahead + tokens``; a root found evicted means fewer. Roots beyond the
-learned retention are taken as gone (but remembered, so a hit can raise it again). Unknown
-retention prices nothing (``None``, never a guess). Pure: no clock, bounded.
+tokens it retains, learned from replies: a root found cached with ``ahead`` tokens of other
+roots sent there since it was last used means the cache retains at least ``ahead + tokens``;
+one found evicted, fewer. Roots beyond the retention are taken as gone (but remembered, so a
+hit can raise it). Unknown retention prices nothing. Pure: no clock, bounded.
 
-Replicated (peers, and the snapshot: restored prefix entries without this picture cannot be
-told stale from live): ``merge`` keeps, per target and root, the latest send (the LRU order
-is the order of those times), and the retention learned last (a tie: the larger). Both are
-maxima, so merging is idempotent and order-free; a root sent before the target's cache
-started empty (``forget``) is not taken back.
+Replicated (peers, and the snapshot: restored prefix entries without it cannot be told stale
+from live): ``merge`` keeps, per target and root, the latest send (the LRU order), and the
+retention learned last (a tie: the larger): maxima, so merging is idempotent and order-free.
 """
 
 from __future__ import annotations
@@ -264,8 +261,7 @@ class RootCaches:
 
     def merge(self, rows: Iterable[RootsRow],
               id_of: Callable[[str], int | None]) -> tuple[int, int]:
-        """Merge exported rows (see the module docstring); returns (roots that changed
-        something here, roots of targets not known here: dropped)."""
+        """Merge exported rows; returns (roots that changed something, unknown targets')."""
         changed = dropped = 0
         for row in rows:
             target = id_of(row.target)

@@ -27,11 +27,9 @@ _WARM: dict[Residency, bool] = {Residency.LOADED: True, Residency.LOADING: True,
 
 
 def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> Candidate:
-    """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out: a decision makes
-    one per target holding the prompt, and a test checks that it copies every field).
-    ``holds_root``: the match covers the prompt's root; such a target full at a capacity
-    Pharos estimated (``Candidate.capacity_open``) is given a slot while nothing queues ahead
-    (the engine's queue says when it may not: ``learn_capacity``)."""
+    """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out, being slow; a test
+    checks every field is copied). ``holds_root``: the match covers the prompt's root; such a
+    target full at a ``Candidate.capacity_open`` capacity gets a slot while nothing queues."""
     free = c.free_slots
     if holds_root and free <= 0 and c.capacity_open and c.queue_ahead <= 1:
         free = 1  # (the request itself is the one waiter counted)
@@ -48,12 +46,10 @@ def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> C
 
 @dataclass(slots=True, eq=False)
 class KeptCandidates:
-    """The last full decision's candidates without a match over one list of targets, and what
-    they stay current for: no write to a target or its backend since ``stamp``, the clock in
-    ``[lo, hi)`` (every kept view's window), the same waiters ahead and the same peers' sums.
-    A decision then rebuilds only the targets written since (under load, one or two) and
-    those in ``recheck`` (a cold model; or a view that read ``replied_at``, which takes no
-    stamp)."""
+    """The last full decision's unmatched candidates over one list of targets, current while
+    the clock is in ``[lo, hi)`` with the same waiters ahead and peers' sums: a decision
+    rebuilds only the targets written since ``stamp`` (under load, one or two) and those in
+    ``recheck`` (a cold model; a view that read ``replied_at``, which takes no stamp)."""
 
     targets: list[Target]
     base: list[Candidate]

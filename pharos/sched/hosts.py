@@ -64,9 +64,8 @@ class Hosts:
         #: the replica rule (``placement.replica_hold``).
         self.slot_demand = ModelDemand(SLOT_DEMAND_HALF_LIFE_SEC)
         self.keep_alive_sec = KEEP_ALIVE_SEC
-        #: Per host, the model last dispatched there, when, and since when it has been the one
-        #: dispatched (its swap-in): on a host that holds one model at a time it is the loaded
-        #: one until a round says otherwise.
+        #: Per host, the model last dispatched there, when, and since when (its swap-in): on a
+        #: one-model host, the loaded one until a round says otherwise.
         self.host_model: dict[str, tuple[str, float, float]] = {}
         #: Per host, the idle models cold dispatches there since its last round were priced as
         #: pushing out (``Candidate.victims``), and when the last was: taken as cold until a
@@ -147,11 +146,9 @@ class Hosts:
 
     def holds(self, req: SchedRequest, cands: list[Candidate], cold: dict[int, bool],
               now: float, waited: float, routing: RouteSettings) -> list[Candidate]:
-        """Placement's holds (``Candidate.held``: set aside with the reason): a host whose
-        load failed waits for its next full round; a host draining for a model past the wait
-        bound takes no other; a copy of a model warm elsewhere waits for a warm slot while
-        that is cheaper (``placement.replica_hold``); a swap waits while the model it pushes
-        out has requests queued (``placement.swap_hold``)."""
+        """Placement's holds (``Candidate.held``): a failed load waits for the host's next
+        full round, a draining host takes no other model (``drains``), and the replica and
+        swap holds of ``pharos.placement``."""
         rule, targets = routing.guards.placement, self.state.targets
         drains = self.drains(now, rule) if self.queue.model_waiters else {}
         if not drains and not any(cold.values()):
@@ -212,9 +209,8 @@ class Hosts:
 
     def in_batch(self, url: str, model: str, queued_at: float) -> bool:
         """A request for ``model`` that queued at ``queued_at`` is in the batch of the host's
-        loaded model (it queued before the host swapped to it). Past the wait bound, a model
-        that drained a host keeps it for its batch, so swaps stay grouped under overload
-        while every wait stays bounded."""
+        loaded model (it queued before the swap): past the wait bound, the batch keeps the
+        host, so swaps stay grouped under overload."""
         hm = self.host_model.get(url)
         return hm is not None and hm[0] == model and queued_at <= hm[2]
 

@@ -36,13 +36,11 @@ from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
-#: KV usage (the share of blocks running requests hold, as vLLM counts it) at or above which
-#: an engine queue is taken as waiting for blocks, not for a sequence slot (assumed: a pool
-#: this full has no room for one more prompt of a few percent of it).
+#: KV usage (vLLM's: blocks running requests hold) at or above which an engine queue waits
+#: for blocks, not for a sequence slot (assumed: no room for one more prompt).
 KV_BOUND_USAGE = 0.8
-#: KV usage above which an idle engine (nothing running, queued or in flight) counts its
-#: cache's fill: vLLM and SGLang count only blocks running requests hold (0 at rest), a
-#: cache-fill count stays near 1 once the pool has cycled.
+#: KV usage above which an idle engine counts its cache's fill: vLLM and SGLang count only
+#: blocks running requests hold (0 at rest); a cache-fill count stays near 1.
 KV_AT_REST_CACHE = 0.5
 #: Rounds in a row with requests finding a target full and its engine queueing nothing before
 #: a capacity an engine queue set is tried past again, so a queue seen once (a burst) does not
@@ -76,7 +74,7 @@ class Learning:
         self.on_prefix = on_prefix
         self.hot = HotPrefixes()
         self.roots = RootCaches()
-        self._root_gens: dict[int, int] = {}  # target -> the generation its roots were sent to
+        self._root_gens: dict[int, int] = {}  # target -> the gen its roots were sent to
         # A plain dict in LRU order (about half an OrderedDict's memory).
         self.sessions: dict[int, int] = {}
         #: Every finished request's prefix outcome (the ``prefix`` metric).
@@ -112,8 +110,7 @@ class Learning:
         return ahead
 
     def first_byte(self, lease: Lease) -> None:
-        """The first byte of a reply: an engine that shares its prefix cache across requests
-        holds the prompt from now on."""
+        """The first byte of a reply: a ``SHARED_CACHE_KINDS`` engine holds the prompt now."""
         t = lease.target
         if lease.chain and t.backend.kind in SHARED_CACHE_KINDS:
             now = self.state.clock.seconds()
@@ -157,8 +154,7 @@ class Learning:
 
     def roots_gen(self, tid: int, gen: int, now: float) -> None:
         """A new engine process (another generation): its cache started empty. The first
-        generation seen is taken as the one ``roots`` describes (restored from a snapshot,
-        as the prefix index's restored slots are)."""
+        generation seen is taken as the one ``roots`` describes (restored from a snapshot)."""
         seen = self._root_gens.get(tid)
         if seen != gen:
             if seen is not None:
@@ -178,10 +174,9 @@ class Learning:
 
     def evictions(self, req: SchedRequest, cands: list[Candidate],
                    matches: dict[int, Match], owners: frozenset[int]) -> dict[int, int]:
-        """Per candidate that does not hold the request's root, the tokens of the live roots
-        it would push out of its cache that no other candidate holds (``pharos.retention``):
-        the prefill a later request pays for them. A hot root's extra owners are meant to
-        take it in, and are not priced."""
+        """Per candidate that does not hold the request's root (nor is a hot root's extra
+        owner), the tokens of the live roots it would push out of its cache that no other
+        candidate holds (``pharos.retention``)."""
         chain, roots = req.chain, self.roots
         retained = roots.retained
         out: dict[int, int] = {}
@@ -211,10 +206,9 @@ class Learning:
 
     def hot_owners(self, req: SchedRequest, cands: list[Candidate], held: list[int],
                    guards: Guards) -> frozenset[int]:
-        """The targets to price as holding the request's root prefix although they do not:
-        when the root's demand needs ``k`` owners and fewer hold it (``held``: the candidates
-        the index predicts hold it), the next ones in a rendezvous order of (root, target),
-        so the extra owners are the same every time and their caches become real."""
+        """The targets to price as holding the request's root although they do not: when its
+        demand needs ``k`` owners and fewer hold it, the next in a rendezvous order of (root,
+        target), so the extra owners are the same every time and their caches become real."""
         utilization = guards.hot_prefix_utilization
         chain = req.chain
         if utilization is None or not chain or len(cands) < 2:

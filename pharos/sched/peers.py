@@ -126,8 +126,7 @@ class PeerLoad:
     def merge_dispatched(self, ops: list[PrefixOp], now: float, routing: RouteSettings) -> int:
         """A peer's dispatches, told before any byte came back: each root is sent to its
         target in ``roots``, counts in its demand (``hot``), and on a ``SHARED_CACHE_KINDS``
-        engine is recorded as a peer slot, so two instances do not put one new root into two
-        caches. Returns how many were dropped (targets or generations not known here)."""
+        engine is a peer slot (no two instances put one new root into two caches)."""
         learning = self.learning
         dropped = 0
         record: list[PrefixOp] = []

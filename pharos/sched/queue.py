@@ -81,19 +81,17 @@ class WaitQueue:
         #: Grants held back by pacing, and the call that retries them if no first byte comes.
         self.paced = 0
         self._pace_call: IDelayedCall | None = None
-        #: Leases held now, for the watchdog; when a request last started or a lease was
-        #: last given back (a queue with neither for long is wedged: /healthz).
+        #: Leases held now, for the watchdog; when a request last started or a lease came
+        #: back (a queue with neither for long is wedged: /healthz).
         self.leases: set[Lease] = set()
         self.granted_at: float | None = None
         self.released_at: float | None = None
         self.waiting_since: float | None = None
         #: Leases the watchdog found stuck (held past the drain timeout, no byte moving).
         self.stuck = 0
-        #: Leases in flight by (target, root prefix): a prompt whose root another of them
-        #: holds there finds its cached blocks already in the engine's KV usage.
+        #: Leases in flight by (target, root prefix): the root's blocks are counted once.
         self.roots_inflight: Counter[tuple[int, int]] = Counter()
-        #: The root tokens the first of them was charged (``kv_tokens``), given back when
-        #: the last one ends.
+        #: The root tokens the first of them was charged, given back when the last one ends.
         self.root_charge: dict[tuple[int, int], int] = {}
 
     @property
@@ -207,9 +205,8 @@ class WaitQueue:
         vLLM-like engine runs the prompts joining a step with its decodes, so each prefill a
         flooding key adds to a step delays the light key's requests; one at a time per target
         bounds that to one prompt (the light key's own unstarted request holds its target
-        too). Streamed requests only (``Target.unstarted_streams``):
-        their first byte says their prefill ended. The request goes to the best target not
-        held, or waits (at most ``PACE_MAX_SEC``). Returns the placement, or None to wait."""
+        too). Streamed requests only: their first byte says their prefill ended. The request
+        goes to the best target not held, or waits (at most ``PACE_MAX_SEC``): None."""
         now = self.state.clock.seconds()
         if now >= target.pace_until or not self.shares.over_share(
                 w.key, sum(c.capacity for c in placed.candidates), now):

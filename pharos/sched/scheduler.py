@@ -69,18 +69,17 @@ class Scheduler:
         self.gauges = PeerLoad(state, self.learning, self.queue, self.kick)
         self.hosts = Hosts(state, self.queue, self.gauges)
         self.cands = Candidates(state, self.hosts, default_capacity, routing.model_costs)
-        # The parts' state the rest of Pharos reads (metrics, snapshots, the admin pages).
+        # The parts' state and methods the rest of Pharos reads and calls.
         learning = self.learning
         self.index, self.roots, self.hot = learning.index, learning.roots, learning.hot
         self.sessions, self.outcomes = learning.sessions, learning.outcomes
         self.predictions, self.unfollowed = learning.predictions, learning.unfollowed
         self.leases, self.peers = self.queue.leases, self.gauges.peers
-        # The parts' methods the rest of Pharos calls (the peer node, metrics, explain).
         g = self.gauges
         self.export_gauges, self.merge_gauges, self.forget = g.export, g.merge, g.forget
         self.peer_inflight, self.peer_waiting, self.target_id = g.inflight, g.waiting, g.target_id
         self.merge_prefix, self.capacity_of = g.merge_prefix, learning.capacity_of
-        #: Placement decisions run for waiters (``place``): the count a test reads.
+        #: Placement decisions run for waiters (``place``).
         self.decisions = 0
         #: Requests routed per model: round robin's turn (``RouteReq.seq``).
         self.turns: Counter[str] = Counter()
