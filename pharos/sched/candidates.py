@@ -100,8 +100,8 @@ class Candidates:
         self.fleets.clear()
 
     def remember_full(self, sel: Selection, targets: list[Target]) -> None:
-        """Every target of ``sel`` has no free slot now: remember it until ``full`` says. Not
-        when a view reads ``replied_at`` (an up-ness that a relayed byte may change)."""
+        """Every target of ``sel`` has no free slot now: remember it in ``full``. Not when a
+        view reads ``replied_at`` (an up-ness that a relayed byte may change)."""
         until = math.inf
         for t in targets:
             e = self.state.kept_view(t)
@@ -271,8 +271,8 @@ class Candidates:
         """One target as the policy sees it (``build``), kept per target while its view is the
         same object, the target has had no write it reads (``Target.stamp``) and the in-flight
         count (ours and live peers') and the waiters ahead are as they were; a match makes a
-        copy (``with_match``). A cold target is built each time (whether it fits reads
-        others)."""
+        copy (``with_match``). A cold target is built each time: whether it fits reads the
+        other targets."""
         v = self.state.view(t)
         e = self.kept.get(t)
         if (e is not None and e[0][7] is v and e[1] == t.stamp and e[2] == inflight
