@@ -1,17 +1,12 @@
-"""Compiled modules (issue 10 item 6): ``pharos.policy`` and ``pharos.linkhash`` compiled by
-mypyc, each imported in place of its source only when it was built from that very source.
+"""Compiled modules: ``pharos.policy`` and ``pharos.linkhash`` compiled by mypyc, each
+imported in place of its source only when it was built from that very source.
 
-The pick's per-candidate arithmetic costs about 0.4 us a candidate interpreted, half of a
-decision over 64 targets; compiled, the same source runs several times faster. The source
-stays the reference: ``make install`` builds ``pharos/policy.mypyc<EXT_SUFFIX>`` from
-``pharos/policy.py`` (``contrib/build_compiled.py``, which embeds the source's SHA-256 in it),
-and a test compares the compiled and interpreted decisions over random fleets. The chain's
-common links (``pharos.linkhash``) are built the same way and tested the same way against the
-general path. The built
-file's name is no module's, so Python never imports it on its own: only this finder does,
-and only when the hash embedded in it is the source's beside it. Otherwise (the source
-edited since the build, no build, a build for another Python, ``PHAROS_COMPILED=0``) the
-source is imported, with a warning when a built file was refused; ``status`` says which.
+Interpreted, the pick's per-candidate arithmetic is about half of a decision. ``make install``
+builds ``pharos/policy.mypyc<EXT_SUFFIX>`` (``contrib/build_compiled.py``, embedding the
+source's SHA-256), a name no import statement reaches: only this finder loads it, and only
+when the hash is the source's beside it. Otherwise (no build, the source edited since, another
+Python, ``PHAROS_COMPILED=0``) the source is imported, with a warning when a built file was
+refused; ``status`` says which. Tests compare compiled and interpreted results.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ status: dict[str, str] = {}
 
 
 def artifact(source: str) -> str:
-    """The compiled file built from ``source`` (``x/policy.py`` -> ``x/policy.mypyc<suffix>``):
-    a name no import statement reaches, for this Python's extension suffix."""
+    """The compiled file built from ``source`` (``x/policy.py`` -> ``x/policy.mypyc<suffix>``)."""
     return source[: -len(".py")] + ".mypyc" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
@@ -51,7 +45,7 @@ def source_digest(path: str) -> str:
 def load(name: str, source: str) -> tuple[ModuleType | None, str]:
     """The compiled module of ``source`` under ``name`` when it is current, with the status;
     (None, why) when the source must be imported instead (warned when a built file was
-    refused: it would have been used had it been current)."""
+    refused)."""
     if os.environ.get(ENV) == "0":
         return None, f"interpreted ({ENV}=0)"
     path = artifact(source)
@@ -63,8 +57,7 @@ def load(name: str, source: str) -> tuple[ModuleType | None, str]:
     if spec is None:
         why = "no import spec"
     else:
-        # Executed as the import system executes a module: listed in sys.modules meanwhile
-        # (and whatever was listed under its name put back after).
+        # Listed in sys.modules while executed, as an import does (the old entry put back).
         previous = sys.modules.get(name)
         try:
             module = importlib.util.module_from_spec(spec)
@@ -103,8 +96,7 @@ class _Loaded(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds the modules of ``COMPILED``: the compiled one when current, else None (the
-    source, found by the usual finders)."""
+    """Finds the modules of ``COMPILED``: the compiled one when current, else None."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:

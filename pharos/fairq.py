@@ -1,22 +1,18 @@
 """The fair queue: waiters that found no free slot, served tenant first, then key, each by
-weighted virtual time (hierarchical weighted fair queueing; with one tenant, weighted round
-robin over keys, by cost).
+weighted virtual time (hierarchical weighted fair queueing, by cost).
 
 Each key and each tenant keeps a virtual time: the work it was served divided by its weight.
 The next waiter comes from the backlogged tenant with the lowest virtual time, and within it
-from the key whose head waiter would finish lowest (its virtual time plus the waiter's cost
-over the key's weight). A request's cost is its estimated work, so a key sending long prompts
-uses its share faster than one sending short ones, and a flood of requests (or of keys) only
-spends its own tenant's share.
+from the key whose head waiter would finish lowest. A request's cost is its estimated work,
+so a key sending long prompts uses its share faster, and a flood of requests (or of keys)
+only spends its own tenant's share.
 
-A key or tenant that was idle does not bank credit: when it becomes backlogged again its
-virtual time is raised to the virtual time its parent last served at (start-time fair
-queueing's clamp), so a light key arriving in a flood is served within about one grant, not
-after a burst of catching up, and a key that was just served a lot keeps that debt.
+A key or tenant that was idle does not bank credit: backlogged again, its virtual time is
+raised to the one its parent last served at (start-time fair queueing's clamp), so a light
+key arriving in a flood is served within about one grant.
 
-Work-conserving: a waiter that cannot be placed now (its model's targets are full) is passed
-over without losing its place, and anyone else who can be placed is served; a key alone gets
-the whole fleet. Pure: no clock, no I/O.
+Work-conserving: a waiter that cannot be placed now is passed over without losing its place.
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ class _Tenant(Generic[W]):
 
 
 class FairQueue(Generic[W]):
-    """Waiters by tenant and key. ``heads()`` gives the heads in service order; the caller
-    takes one it can place with ``served``."""
+    """Waiters by tenant and key: the caller ``served`` one of the ``heads()`` it can place."""
 
     def __init__(self) -> None:
         self._tenants: dict[str, _Tenant[W]] = {}
@@ -86,8 +81,7 @@ class FairQueue(Generic[W]):
 
     def push(self, w: W, front: bool = False) -> None:
         """Queue ``w`` at the back of its key's FIFO (the front for a retry, which already
-        waited its turn). Weights are the waiter's own: a reload that changed them applies to
-        the next waiter."""
+        waited its turn), with the waiter's weights."""
         t = self._tenants.get(w.tenant)
         if t is None:
             t = self._tenants[w.tenant] = _Tenant(w.tenant, w.tenant_weight)
@@ -129,8 +123,7 @@ class FairQueue(Generic[W]):
                 yield k.q[0]
 
     def behind(self, head: W, limit: int) -> Iterator[W]:
-        """Up to ``limit`` waiters queued behind ``head`` in its key's FIFO, in order (the
-        scheduler lets one pass a head that cannot be placed: swap grouping)."""
+        """Up to ``limit`` waiters queued behind ``head`` in its key's FIFO (swap grouping)."""
         k = self._tenants[head.tenant].keys[head.key]
         for i, w in enumerate(k.q):
             if i > limit:
@@ -150,8 +143,7 @@ class FairQueue(Generic[W]):
         return None
 
     def served(self, w: W) -> None:
-        """``w`` (a head from ``heads``, or one from ``behind`` passing it) got its slot: it
-        leaves, and its key and tenant are charged its cost."""
+        """``w`` (from ``heads`` or ``behind``) got its slot: its key and tenant pay its cost."""
         t = self._tenants[w.tenant]
         k = t.keys[w.key]
         assert k.q, "only a queued waiter is served"
@@ -176,12 +168,9 @@ class FairQueue(Generic[W]):
 #: sending a request every few seconds is a user in a session, one silent longer has left).
 ACTIVE_SEC = 10.0
 #: The room (free slots kept for active keys under their share while keys over theirs wait)
-#: is sized to those keys' arrivals: the fewest slots that their own arrivals within
-#: ``ROOM_RELEASES`` of the fleet's mean intervals between releases take all of with
-#: probability at most ``ROOM_RISK`` (Poisson arrivals at the keys' summed rates): a request
-#: finding the room taken waits for a release, and the room refills one release at a time,
-#: releases bunching. Each slot kept idle costs the keys over their share while the light
-#: keys are active: a fixed room was both too small for bursts and too large when quiet.
+#: is the fewest slots those keys' arrivals (Poisson) within ``ROOM_RELEASES`` mean intervals
+#: between releases take all of with probability at most ``ROOM_RISK``: each idle slot costs
+#: the keys over their share, so a fixed room is too large when quiet.
 ROOM_RELEASES = 4.0
 ROOM_RISK = 0.05
 #: The room is at most one in ``ROOM_SHARE`` of the fleet's slots, and none below
@@ -212,10 +201,8 @@ def room_for(rate: float, window: float, limit: int) -> int:
 class Shares:
     """Each key's requests in flight and when it was last active, so a key over its share of
     the fleet leaves the last free slots to an active key under its share (the fair queue
-    orders waiters but cannot preempt a running request: without room, a light key waits for
-    the next release however fair the order). Shares are two-level like the queue: a
-    tenant's share of the capacity by tenant weight among active tenants, then a key's share
-    of its tenant's by key weight among the tenant's active keys."""
+    cannot preempt a running request: without room, a light key waits for the next release).
+    Shares are two-level like the queue: tenants by weight, then keys within a tenant."""
 
     def __init__(self) -> None:
         self.inflight: dict[str, int] = {}
@@ -256,9 +243,8 @@ class Shares:
                 self._arrivals.pop(key, None)
 
     def rate(self, key: str, now: float) -> float:
-        """``key``'s arrivals a second: its exponentially decayed count over the decay's time
-        constant, or over the time since it was first seen while that is shorter (a key that
-        just came is not taken for a slow one)."""
+        """``key``'s arrivals a second: its decayed count over the time constant, or over the
+        time since it was first seen while shorter (a key that just came is not slow)."""
         a = self._arrivals.get(key)
         if a is None:
             return 0.0
@@ -282,10 +268,8 @@ class Shares:
         """Whether ``key``'s request should wait although ``free`` slots (of ``capacity``)
         are free: no more than the room are, one more request would put ``key`` (or its
         tenant) over its share among the active keys, and another active key is entitled to
-        one more (it and its tenant stay within their shares, or it has nothing in flight in
-        a tenant that stays within its share). ``release_sec``: the fleet's mean seconds
-        between releases (slots over service time), which sizes the room by the entitled
-        keys' arrival rates; unknown, the room is ``ROOM_SLOTS``."""
+        one more. ``release_sec``: the fleet's mean seconds between releases, which sizes the
+        room by the entitled keys' arrival rates; unknown, the room is ``ROOM_SLOTS``."""
         limit = self.room_limit(capacity)
         if free > limit or key not in self._keys:
             return False

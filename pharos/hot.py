@@ -1,14 +1,11 @@
-"""Hot root prefixes: which shared prompt heads need more than one engine (spec §7 guards).
+"""Hot root prefixes: which shared prompt heads need more than one engine.
 
 A root prefix (a request chain's first link: the tools and system message) whose demand is more
 than one engine can serve would, under a cache-aware cost, pile onto the one engine holding it
-until its queue outweighs the prefill saved elsewhere; every request pays that queue. Demand is
-counted here as a decaying sum of the slot-seconds the root's requests asked for, so
-``demand(root)`` is about the number of slots it keeps busy (Little's law); the scheduler gives
-a root ``owners(...)`` targets and prices the extra owners as holding the root, so the cost model
-shares it among them by their queues.
-
-Pure: no clock (times are passed in), bounded (least recently seen roots go first).
+until its queue outweighs the prefill saved elsewhere. Demand is a decaying sum of the
+slot-seconds the root's requests asked for, so ``demand(root)`` is about the slots it keeps busy
+(Little's law); the scheduler prices a root's extra ``owners(...)`` as holding it, so the cost
+model shares it among them by their queues. Pure: no clock, bounded (LRU).
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ import math
 from collections import OrderedDict
 from typing import Final
 
-#: Seconds over which demand decays to 1/e (assumed: long enough to see a burst's rate, short
-#: enough to let a prompt cool down within a minute).
+#: Seconds over which demand decays to a half (assumed: long enough to see a burst's rate,
+#: short enough to let a prompt cool down within a minute).
 HALF_LIFE_SEC: Final = 10.0
 #: Roots tracked at once.
 CAPACITY: Final = 4096
@@ -55,8 +52,7 @@ class HotPrefixes:
 
     def owners(self, root: int, now: float, slots_per_owner: float,
                utilization: float = UTILIZATION) -> int:
-        """How many targets the root needs: ``ceil(demand / (slots × utilization))``, at
-        least 1."""
+        """How many targets the root needs: ``ceil(demand / (slots × utilization))``, >= 1."""
         per_owner = max(slots_per_owner * utilization, 1e-9)
         return max(1, math.ceil(self.demand(root, now) / per_owner))
 

@@ -2,12 +2,11 @@
 
 Most messages are a dict of a known role and a string content and nothing else; their links
 are SHA-256 of the previous digest and the message's length-prefixed fields
-(``pharos.prefix``'s module docstring has the layout). Hashing the 32 KB of a 16-message chat
-costs about 22 us on this project's VM and the Python around it about 0.8 us a message;
-compiled, that loop runs about 5 us faster, which is most of what the chain's hashing at
-parse can lose short of another hash (issue 10 item 6). ``pharos.prefix._chat_chain`` calls
-it for each run of common messages and hashes any other message itself, so this source and
-its compiled form give the same digests as the general path; the tests compare all three.
+(``pharos.prefix``'s module docstring has the layout). Interpreted, the Python around the
+hashing is a large share of a chain's time; compiled, most of it goes.
+``pharos.prefix._chat_chain`` calls this for each run of common messages and hashes any other
+message itself; this source, its compiled form and the general path give the same digests
+(the tests compare them).
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ NO_EXTRA: Final = bytes(LEN)
 
 def common_links(prev: bytes, messages: list[object], start: int, total: int,
                  keys: list[int], ends: list[int]) -> tuple[int, bytes, int]:
-    """Hash ``messages`` from ``start`` while each is a common message (a ``dict`` of exactly
-    a known role and a ``str`` content), appending each link's key and prompt end to ``keys``
-    and ``ends``. Returns the index of the first message it did not hash, the last digest
-    and the running total of prompt bytes."""
+    """Hash ``messages`` from ``start`` while each is a common message, appending each link's
+    key and prompt end to ``keys`` and ``ends``. Returns the index of the first message it
+    did not hash, the last digest and the running total of prompt bytes."""
     sha256 = hashlib.sha256
     i = start
     count = len(messages)

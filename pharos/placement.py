@@ -1,22 +1,10 @@
 """Model placement on multi-model hosts: what a load costs and what it evicts.
 
 A cold dispatch on a host whose memory is full evicts idle models, and the next requests
-for them pay a reload. The scheduler prices that (``Candidate.reload_sec``) from three
-things kept here:
-
-* ``LoadRates``: load times before a model's first load sample, from its size at the bytes
-  per second loads took on that host, else the median over hosts, else
-  ``LOAD_BYTES_PER_SEC_DEFAULT``;
-* ``ModelDemand``: each model's requests per second, a decaying count;
-* ``victims`` and ``reload_price``: which idle models a load pushes out (the cheapest, where
-  Pharos names them to the host; else the least recently used, its guess of the host's
-  choice) and what their next requests pay;
-* ``ReplicaRule`` with ``replica_hold`` and ``swap_hold``: when a request for a model that is
-  warm somewhere queues for a warm slot instead of loading another copy, and when a
-  single-model host serves the queued requests of its loaded model before it swaps,
-  both within ``wait_bound_sec`` so no request (a tail model's) waits for ever.
-
-Pure: no clock (times are passed in), no I/O, bounded.
+for them pay a reload, which the scheduler prices (``Candidate.reload_sec``). ``ReplicaRule``
+says when a request for a model warm somewhere queues for a warm slot instead of loading a
+copy, and when a single-model host serves its loaded model's queue before it swaps, both
+within ``wait_bound_sec`` so no request waits for ever. Pure: no clock, no I/O, bounded.
 """
 
 from __future__ import annotations
@@ -27,15 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-#: Bytes per second a load reads when no host has measured one: 500 MB/s, a 4 GB model in
-#: 8 s (assumed [U]: NVMe to GPU memory measures 1-3 GB/s, a SATA disk or a cold page cache
-#: far less; the flat 10 s default it replaces matched a 5 GB model at this rate).
+#: Bytes per second a load reads when no host has learned one: 500 MB/s, a 4 GB model in 8 s
+#: (assumed [U]: NVMe to GPU memory reads 1-3 GB/s, a SATA disk or a cold page cache far less).
 LOAD_BYTES_PER_SEC_DEFAULT: Final = 500e6
 #: Weight of a new load-rate sample (loads are rare: a few count).
 RATE_ALPHA: Final = 0.3
 #: How long an evicted model would have stayed loaded without the eviction: Ollama's default
-#: ``OLLAMA_KEEP_ALIVE`` (5 minutes). A request for it later than this would have found it
-#: unloaded anyway, so only demand within it is priced.
+#: ``OLLAMA_KEEP_ALIVE`` (5 minutes).
 KEEP_ALIVE_SEC: Final = 300.0
 #: Seconds over which a model's demand decays to a half (assumed: long enough to see a tail
 #: model's rate of a request a minute, short enough to follow a shift within minutes).
@@ -62,8 +48,7 @@ class LoadRates:
         self._hosts: OrderedDict[str, float] = OrderedDict()
 
     def learn(self, host: str, size_bytes: int | None, load_sec: float | None) -> None:
-        """A load of a model of ``size_bytes`` took ``load_sec`` on ``host`` (unknown size
-        or time: nothing learned)."""
+        """A load of ``size_bytes`` took ``load_sec`` on ``host`` (unknown: nothing learned)."""
         if size_bytes is None or size_bytes <= 0 or load_sec is None or not load_sec > 0:
             return
         rate = size_bytes / load_sec
@@ -74,7 +59,7 @@ class LoadRates:
 
     def rate(self, host: str) -> tuple[float, str]:
         """The host's bytes per second and where it came from: ``host``, ``fleet`` (the
-        median over hosts that measured one) or ``default``."""
+        median over hosts) or ``default``."""
         own = self._hosts.get(host)
         if own is not None:
             return own, "host"
@@ -83,8 +68,7 @@ class LoadRates:
         return self.default, "default"
 
     def estimate(self, host: str, size_bytes: int | None) -> tuple[float, str] | None:
-        """Seconds to load a model of ``size_bytes`` on ``host``, and the rate's source;
-        None for an unknown size (the policy's fleet median applies)."""
+        """Seconds to load ``size_bytes`` on ``host``, and the rate's source; None: unknown."""
         if size_bytes is None or size_bytes <= 0:
             return None
         rate, source = self.rate(host)
@@ -103,8 +87,7 @@ class ModelDemand:
         self._models: OrderedDict[str, tuple[float, float]] = OrderedDict()  # value, at
 
     def add(self, model: str, now: float, amount: float = 1.0) -> None:
-        """A request for ``model`` was dispatched (``amount``: 1 to count requests, its
-        expected slot-seconds to count slot demand, as ``pharos.hot`` does for roots)."""
+        """A request for ``model`` was dispatched (``amount``: 1, or its slot-seconds)."""
         value = self._decayed(model, now) + amount
         self._models.pop(model, None)
         self._models[model] = (value, now)
@@ -112,8 +95,8 @@ class ModelDemand:
             self._models.popitem(last=False)
 
     def rate(self, model: str, now: float) -> float:
-        """Requests per second for ``model`` over the recent past (counted with slot-seconds:
-        the slots it keeps busy, by Little's law)."""
+        """Requests per second for ``model`` recently (with slot-seconds: the slots it keeps
+        busy, by Little's law)."""
         return self._decayed(model, now) / self._tau
 
     def _decayed(self, model: str, now: float) -> float:
@@ -127,18 +110,14 @@ class ModelDemand:
 def horizon(keep_alive: float = KEEP_ALIVE_SEC) -> float:
     """How far ahead an eviction is priced: the keep-alive (a later request would have found
     the model unloaded anyway), capped at the demand counters' half-life (beyond it they say
-    little of the next request, and a busy host evicts its idle models sooner than the
-    keep-alive: at 300 s a model asked for once a few seconds ago cost 97 % of a reload, as
-    much as the most popular one)."""
+    little of the next request: over 300 s a model asked for once lately costs about a whole
+    reload, as much as the most popular one)."""
     return min(keep_alive, DEMAND_HALF_LIFE_SEC)
 
 
 def reload_price(rate: float, load_sec: float, horizon: float = DEMAND_HALF_LIFE_SEC) -> float:
-    """Seconds of waiting an eviction costs the evicted model's next requests: its first
-    request within ``horizon`` (probability ``1 - exp(-rate × horizon)``) pays the whole
-    reload, and the ``rate × load_sec`` requests arriving during the reload wait half of it
-    on average. A model nobody asked for lately costs nothing to evict; a popular one costs
-    more than one load."""
+    """Seconds of waiting an eviction costs the evicted model's next requests: the first
+    within ``horizon`` pays the whole reload, those arriving during it half on average."""
     if rate <= 0 or load_sec <= 0:
         return 0.0
     return load_sec * (1.0 - math.exp(-rate * horizon)) + rate * load_sec * load_sec / 2.0
@@ -159,18 +138,14 @@ class Resident:
 
 def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident],
             named: bool = False) -> list[Resident] | None:
-    """The idle models a load of ``size_bytes`` pushes out of ``memory_bytes``: none when it
-    fits beside the loaded ones, else idle ones until it fits; None when even all idle ones
-    are not enough (the load waits: the policy sets it aside as not fitting).
-
-    ``named``: Pharos tells the engine which models to unload before the load (Ollama:
-    ``keep_alive: 0``, ``Lease.unload``), so the cheapest go first (the lowest ``price``,
-    then the least recently used): the models least likely to be asked for again, which is
-    what keeps the most requested ones resident (the optimal choice when requests are
-    independent draws, Aho, Denning and Ullman's A0). Otherwise the host chooses and the
-    least recently used go first: a guess (Ollama itself takes the shortest keep-alive, then
-    the lowest model path, server/sched.go ``findRunnerToUnload``, which Pharos cannot
-    predict: hence it names them there)."""
+    """The idle models a load of ``size_bytes`` pushes out of ``memory_bytes`` until it fits;
+    None when even all idle ones are not enough (the load waits). ``named``: Pharos tells
+    the engine which to unload (Ollama: ``keep_alive: 0``, ``Lease.unload``), so the cheapest
+    go first (the lowest ``price``, then the least recently used), which keeps the most
+    requested resident (optimal for independent requests: Aho, Denning and Ullman's A0).
+    Otherwise the host chooses and the least recently used go first: a guess (Ollama takes
+    the shortest keep-alive, then the lowest model path, server/sched.go
+    ``findRunnerToUnload``; hence Pharos names them there)."""
     free = memory_bytes - sum(r.bytes for r in resident)
     if size_bytes <= free:
         return []
@@ -188,20 +163,17 @@ def victims(size_bytes: int, memory_bytes: float, resident: Sequence[Resident],
 # --- replicas follow demand, single-model hosts group their swaps -------------
 
 #: A model warm on some hosts gets another only once its slot demand exceeds this share of
-#: their slots (all of them: the demand its hosts cannot serve), or once waiting costs more
-#: than the load and its eviction (a burst's queue). At 0.7 (``pharos.hot``'s share for root
-#: prefixes) a model keeping its slots 70 % busy loaded a copy over whatever went idle last,
-#: whatever that eviction cost. The demand counts the requests wanting a slot, waiting ones
-#: included (``Hosts.demanded``).
+#: their slots (the demand its hosts cannot serve; a lower share loads copies whatever the
+#: eviction costs), or once waiting costs more than the load and its eviction (a burst's
+#: queue). The demand counts waiting requests too (``Hosts.demanded``).
 REPLICA_UTILIZATION: Final = 1.0
 #: The longest a request waits, for a warm slot or behind another model's queue on a
 #: single-model host, before a load is allowed for it (assumed: about ten loads of a 4 GB
 #: model; long enough to group a burst, short enough that a tail model is served).
 LOAD_WAIT_BOUND_SEC: Final = 30.0
-#: Seconds over which a model's slot demand decays to a half. The demand rule is for demand
-#: that lasts: a burst's queue is priced by the cost rule (a wait against the load and its
-#: eviction), and at 10 s (``pharos.hot``'s) a burst of the popular model loaded a copy
-#: over a model asked for again seconds later, which the next burst's load evicted in turn.
+#: Seconds over which a model's slot demand decays to a half: the demand rule is for demand
+#: that lasts (a burst's queue is the cost rule's), so a burst loads no copy over a model
+#: asked for again soon.
 SLOT_DEMAND_HALF_LIFE_SEC: Final = 30.0
 
 
@@ -227,10 +199,8 @@ def _s(x: float) -> str:
 
 
 def replica_needed(rule: ReplicaRule, demand: float, warm_slots: int) -> str | None:
-    """Whether a model's slot demand (slot-seconds per second) is more than its warm hosts'
-    ``warm_slots`` serve at ``utilization``: then a request finding them full loads a copy
-    (the warm full hosts are held for it) instead of joining a queue that only grows. None:
-    not needed (``replica_hold`` decides)."""
+    """Whether a model's slot demand is more than its ``warm_slots`` serve at ``utilization``:
+    then a request finding them full loads a copy rather than join a queue that only grows."""
     if rule.utilization is None or warm_slots <= 0:
         return None
     served = warm_slots * rule.utilization
@@ -241,16 +211,12 @@ def replica_needed(rule: ReplicaRule, demand: float, warm_slots: int) -> str | N
 
 def replica_hold(rule: ReplicaRule, demand: float, warm_slots: int, warm_wait: float,
                  load_cost: float, waited: float) -> str | None:
-    """Whether a request for a model already warm on hosts with ``warm_slots`` slots should
-    queue for one of them instead of loading the model on another host: None lets the load
-    compete (the policy's cost decides), else the reason it waits.
-
-    Another copy is allowed when the model's slot demand (slot-seconds per second, decaying)
-    exceeds ``warm_slots × utilization``, when waiting for a warm slot (``warm_wait``, the
-    shortest estimate among the warm hosts) costs more than the cheapest load with its
-    eviction price (``load_cost``), or when the request has already waited
-    ``wait_bound_sec``. Otherwise the fleet is better off with the request waiting: the copy
-    would evict a model someone else asks for, and the model's demand does not need it."""
+    """Whether a request for a model warm on hosts with ``warm_slots`` slots should queue for
+    one instead of loading a copy elsewhere: the reason it waits, or None (cost decides).
+    Another copy is allowed when the model's slot demand exceeds ``warm_slots ×
+    utilization``, when waiting for a warm slot (``warm_wait``) costs more than the cheapest
+    load with its eviction price (``load_cost``), or when the request has already waited
+    ``wait_bound_sec``. Otherwise the copy would evict a model someone else asks for."""
     if rule.utilization is None or warm_slots <= 0 or waited >= rule.wait_bound_sec:
         return None
     served = warm_slots * rule.utilization
@@ -262,13 +228,11 @@ def replica_hold(rule: ReplicaRule, demand: float, warm_slots: int, warm_wait: f
 
 def swap_hold(rule: ReplicaRule, loaded: str, loaded_waiting: int, waited: float,
               batch: bool = False) -> str | None:
-    """Whether a load that would swap out ``loaded`` (a single-model host's model, or an idle
-    model the load evicts) waits while ``loaded_waiting`` requests for it are queued: they
-    are served first (a swap now and one back later is two loads for nothing), until this
-    request has waited ``wait_bound_sec``; past it, only while ``batch``: requests for the
-    loaded model queued before the host swapped to it (under overload every waiter is past
-    the bound, and serving the oldest first is FIFO again, a swap per request). None: swap
-    now."""
+    """Whether a load that would swap out ``loaded`` waits while ``loaded_waiting`` requests
+    for it are queued: they are served first (a swap now and one back later is two loads for
+    nothing), until this request has waited ``wait_bound_sec``; past it, only while
+    ``batch`` (requests for ``loaded`` queued before the host swapped to it: under overload
+    every waiter is past the bound, and oldest first is a swap per request). None: swap now."""
     if not rule.swap_grouping or loaded_waiting <= 0:
         return None
     if waited < rule.wait_bound_sec:

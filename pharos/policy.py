@@ -1,13 +1,11 @@
 """Routing policy: pick the target that will produce the first token soonest.
 
 ``pick(req, candidates, cfg)`` is pure: no I/O, no clock, no logging, and it imports nothing
-from Pharos (it is compiled on its own, ``pharos.compiled``). The scheduler builds the
-candidates and acts on the decision: take a slot on ``Decision.target_id``, or wait in the
-fair queue when ``enqueue`` is set (with ``target_id`` None: no feasible target).
+from Pharos (it is compiled on its own, ``pharos.compiled``). The scheduler takes a slot on
+``Decision.target_id``, or waits in the fair queue when ``enqueue`` is set.
 
-Six policies share the signature (``POLICIES``): two that route, and four baselines, so that a
-benchmark compares policies through Pharos (same admission, queue, retries) rather than around
-it.
+Six policies share the signature (``POLICIES``): two that route, and four baselines compared
+through Pharos (same admission, queue, retries).
 
 ``cost``
     The estimated time to first token, ``est_ttft = wait + load + prefill + kv_penalty +
@@ -27,10 +25,9 @@ it.
     seeded rank; the less utilized of the two lowest ranks; rendezvous hashing on the root
     prefix (``p2c`` without one).
 
-A pick computes only what selection reads; the decision's wording and every candidate's full
-terms are built from the pick's working set when first read (``Decision``, ``pharos.reasons``).
-The estimate is written twice for that, in full in ``_Fleet.terms`` and inlined in the hot loop
-``_select_cost``: a new cost term goes in both, and a property test compares the two.
+A pick computes only what selection reads (``Decision``). The estimate is written twice, in
+full in ``_Shared.terms`` and inlined in the hot loop ``_select_cost``: a new cost term goes in
+both, and a property test compares the two.
 
 Unknown is ``None``, never 0: an unknown speed or time falls back to the candidates' median,
 then to the documented default, and the score's ``fallbacks`` say so.
@@ -51,12 +48,11 @@ from typing import Final, Literal, TypeAlias
 
 PolicyName: TypeAlias = Literal["cost", "least-load", "round-robin", "random", "p2c",
                                 "prefix-hash"]
-#: Why the target won: the ``route`` outcomes. ``cache``: its cached prefix
-#: outweighed load; ``warm``: its loaded model did (whichever saved more against the least
-#: utilized other target); ``least_loaded``: it was strictly the least utilized, or it won on
-#: wait or prefill speed alone; ``only_choice``: no other candidate was feasible.
-#: ``baseline``: a baseline policy's choice (round robin's turn, a random draw, a prefix hash)
-#: that none of the others describes.
+#: Why the target won: the ``route`` outcomes. ``cache``: its cached prefix outweighed load;
+#: ``warm``: its loaded model did (whichever saved more against the least utilized other
+#: target); ``least_loaded``: it was strictly the least utilized, or it won on wait or prefill
+#: speed alone; ``only_choice``: no other candidate was feasible; ``baseline``: a baseline
+#: policy's choice that none of the others describes.
 Why: TypeAlias = Literal["only_choice", "least_loaded", "cache", "warm", "affinity", "baseline"]
 
 #: Seconds per uncached prompt token. Measured cold on CPU with Qwen2.5-0.5B, 3.1-15 ms.
@@ -73,12 +69,11 @@ TIE_WINDOW_SHARE: Final = 0.1
 #: KV cache usage above which a prefix match is trusted less (it is likely to be evicted).
 KV_PRESSURE_THRESHOLD: Final = 0.9
 #: The most of a match's saved prefill the KV-pressure guard takes back (at 100 % usage): a
-#: target holding the prompt still costs less than one holding nothing (taking all of it back
-#: erased the cache signal on a busy fleet).
+#: target holding the prompt still costs less than one holding nothing.
 KV_DISTRUST_MAX: Final = 0.5
 #: The guard is waived for every candidate when at most this share of those reporting KV
-#: usage is at or below the threshold: a fleet that is full everywhere (as engines under
-#: sustained load report, a full prefix cache) gives no candidate a likelier-to-keep cache.
+#: usage is at or below the threshold: a fleet full everywhere (engines under sustained load)
+#: gives no candidate a likelier-to-keep cache.
 KV_WAIVE_BELOW_SHARE: Final = 0.1
 #: ``Decision.guards`` entries of the KV-pressure guard.
 KV_WAIVED: Final = "kv_waived"
@@ -88,13 +83,12 @@ KV_DISCOUNTED: Final = "kv_discounted"
 SET_ASIDE_WONT_FIT: Final = "cold load won't fit"
 #: ``Score.set_aside`` of a target over its bounded-load share of the model's requests.
 SET_ASIDE_BOUNDED_LOAD: Final = "bounded load"
-#: Bounded load: a target may hold (1 + epsilon) times the average share. 1.0, as the related
-#: system settled on after measuring 0.25 too tight for hot prefixes (assumed here).
+#: Bounded load: a target may hold (1 + epsilon) times the average share (assumed; 0.25 is
+#: too tight for hot prefixes).
 BOUNDED_LOAD_EPSILON: Final = 1.0
 #: Bounded load sets aside no target with fewer of Pharos's requests in flight than this or
-#: half its slots, whichever is less: a share of a handful of requests is noise, not a melting
-#: engine, and sending a system prompt away from its holder at 4 in flight pushed other
-#: prompts out of small caches.
+#: half its slots, whichever is less: a share of a handful of requests is noise, and sending a
+#: prompt away from its holder then pushes other prompts out of small caches.
 BOUNDED_LOAD_MIN_INFLIGHT: Final = 8
 #: ``Score.fallbacks`` entry of a cold load whose memory headroom is unknown (taken as feasible).
 FITS_IF_COLD_UNKNOWN: Final = "fits_if_cold=unknown"
@@ -121,9 +115,8 @@ class RouteReq:
 class Candidate:
     """One target (backend x model) the request could go to, as the scheduler sees it now.
 
-    A value: nothing writes to one once made (a change is a new one). It is not declared
-    frozen because a frozen dataclass sets each field through ``object.__setattr__``, which
-    made building 64 of them a fifth of a decision; it hashes by value as a frozen one did."""
+    A value: nothing writes to one once made. Not frozen: a frozen dataclass sets each field
+    through ``object.__setattr__``, too slow at 64 a decision; it hashes by value."""
 
     target_id: int
     #: Model residency; None: the engine reports none (its one model is always loaded).
@@ -142,32 +135,24 @@ class Candidate:
     #: Estimated prefill seconds of Pharos's requests on the target still without a first
     #: byte: a new prompt is computed after them (engines prefill in arrival order).
     queued_prefill_sec: float = 0.0
-    #: Tokens of live prefixes taking this prompt in would push out of the only cache that
-    #: holds them (``pharos.retention``): a later request pays their prefill.
+    #: Tokens of live prefixes this prompt would push out of their only cache (retention).
     evict_tokens: int = 0
     #: Tokens the engine's KV pool can still give a new prompt (None: unknown). A prompt
     #: whose uncached part does not fit waits in the engine for blocks although a slot is free.
     kv_free_tokens: int | None = None
-    #: A cold load's eviction price: seconds the next requests of the idle models it pushes
-    #: out of the host's memory (``victims``) are expected to wait for their reload
-    #: (``pharos.placement``). Counted only when the load is paid (cold, not loading).
+    #: A cold load's eviction price (``pharos.placement``): seconds the next requests of the
+    #: models it pushes out (``victims``) wait for their reload; paid only when cold.
     reload_sec: float = 0.0
     victims: tuple[str, ...] = ()
-    #: How ``load_sec`` was estimated when no load was measured on the target (a
-    #: ``Score.fallbacks`` entry, e.g. ``load_sec=size/host``); None: measured, or unknown.
+    #: How ``load_sec`` was estimated (a ``Score.fallbacks`` entry); None: learned, or unknown.
     load_basis: str | None = None
-    #: Why the scheduler holds this candidate back for now (``pharos.placement``: a request
-    #: queued for a warm slot instead of loading another copy, a swap held while the loaded
-    #: model's requests are queued, a host draining for a swap): set aside with this reason.
+    #: Why the scheduler holds this candidate back for now: set aside with this reason.
     held: str | None = None
     #: The backend's calibrated prefill cost (a, b, d): ``P(u, c) = a·u + b·u·(c + u/2) + d``
     #: (``backends[].cost_model``), used instead of ``prefill_sec_per_token``; None: learned.
     prefill_model: tuple[float, float, float] | None = None
-    #: ``capacity`` is Pharos's own estimate (learned, or the fallback), the engine has never
-    #: queued at it and reported no queue at its last round: it may run more. A target holding
-    #: the prompt's root is then given a slot past it while nothing queues ahead
-    #: (``pharos.sched.with_match``): priced as full, its hits went to engines without the
-    #: prompt, whose small caches the prompt then pushed others out of.
+    #: ``capacity`` is Pharos's own estimate, never queued at, and the engine reported no
+    #: queue at its last round: it may run more (``pharos.sched.with_match``).
     capacity_open: bool = False
 
 
@@ -182,8 +167,8 @@ class PolicyConfig:
     tie_window_sec: float = TIE_WINDOW_SEC
     #: Estimates within this share of the lowest tie too (0: the absolute window alone).
     tie_window_share: float = TIE_WINDOW_SHARE
-    #: KV usage above this discounts a prefix match linearly, by KV_DISTRUST_MAX at 100 %
-    #: (waived when nearly every candidate is above); 1.0: off.
+    #: KV usage above this discounts a prefix match linearly, by KV_DISTRUST_MAX at 100 %;
+    #: 1.0: off.
     kv_pressure_threshold: float = KV_PRESSURE_THRESHOLD
     #: Bounded load's epsilon; None: off.
     bounded_load_epsilon: float | None = BOUNDED_LOAD_EPSILON
@@ -206,8 +191,8 @@ class PolicyConfig:
             raise ValueError("bounded_load_epsilon must be >= 0 (or None: off)")
 
 
-#: A score as a plain tuple in ``Score``'s field order: what a decision keeps (a frozen
-#: dataclass costs about 1 µs to construct, 64 of them most of the budget of a pick).
+#: A score as a plain tuple in ``Score``'s field order: what a decision keeps (64 frozen
+#: dataclasses would cost most of a pick).
 ScoreTerms: TypeAlias = tuple[
     int, float | None, float, float, float, float, float, tuple[str, ...], str | None, float,
     float,
@@ -251,14 +236,9 @@ class Score:
 class Decision:
     """Where the request goes, and why.
 
-    A pick decides the target and whether to queue, and nothing else: what people read (the
-    ``reason``, the route outcome ``why``, the ``guards`` that acted) and every candidate's full
-    terms (``score_terms``, ``scores``) are built from the pick's working set when first read,
-    and kept. Building them on every pick was most of a decision, while only
-    a request that gets its reply headers reads the reason, and only explain, the status page
-    and tests read the rest: a waiter placed again on every release reads none of it. The
-    scheduler reads ``target_terms``. Equality and the hash cover all of it, so a decision is
-    still a plain value."""
+    A pick decides the target and whether to queue, and nothing else: what people read and
+    every candidate's full terms are built from the pick's working set when first read (most
+    decisions read none of it). Equality and the hash cover all of it: a plain value."""
 
     target_id: int | None  # None: no feasible candidate (or none at all)
     enqueue: bool  # the target has no free slot (or none is feasible): wait in the fair queue
@@ -361,10 +341,8 @@ def _over_bound(inflight: int, capacity: int, bound: int) -> bool:
 
 class _Shared:
     """What every candidate's terms share in one pick: the prompt, the config, the guards'
-    fleet-wide inputs and the fleet medians of unknown inputs. Each fleet-wide input is taken
-    when first needed, and once: a pick over candidates that all know their speeds takes no
-    median, and one where no matched candidate is above the KV threshold never counts the
-    fleet's KV usage (only the explanation does)."""
+    fleet-wide inputs and the fleet medians of unknown inputs, each taken when first needed,
+    and once (a pick whose candidates all know their speeds takes no median)."""
 
     __slots__ = ("_kv", "_load", "_prefill", "_service", "bound", "candidates", "cfg", "prompt",
                  "threshold")
@@ -399,8 +377,7 @@ class _Shared:
         return self._kv_pressure()[1]
 
     def _kv_pressure(self) -> tuple[bool, int]:
-        """The KV-pressure guard's fleet-wide inputs, in one pass when first asked: by the hot
-        loop at the first match above the threshold, else by the explanation."""
+        """The KV-pressure guard's fleet-wide inputs, in one pass when first asked."""
         pressure = self._kv
         if pressure is None:
             threshold, prompt = self.threshold, self.prompt
@@ -443,10 +420,9 @@ class _Shared:
         return self._prefill
 
     def terms(self, c: Candidate) -> ScoreTerms:
-        """One candidate's full terms: the formula of the module docstring, every term and
-        every input assumed. ``_select_cost`` inlines the same est_ttft without the rest (for
-        speed: it runs for every candidate of every pick); a change to a term goes in both,
-        and ``test_selection_estimates_equal_the_full_terms`` holds them together."""
+        """One candidate's full terms and every input assumed. ``_select_cost`` inlines the
+        same est_ttft (the hot loop): a change to a term goes in both, and
+        ``test_selection_estimates_equal_the_full_terms`` holds them together."""
         capacity = c.capacity
         fallbacks: tuple[str, ...] = ()
         set_aside: str | None = None
@@ -523,17 +499,14 @@ class _Shared:
 
 #: What a decision says to people: its reason, its route outcome and the guards that acted.
 Explanation: TypeAlias = tuple[str, Why | None, tuple[str, ...]]
-#: Each kind of decision's wording (``_Scored.kind``: "none", "cost", "least-load",
-#: "baseline"), filled by ``pharos.reasons.install``: the policy, compiled on its own, imports
-#: nothing of Pharos, and a pick words nothing unless asked.
+#: Each kind of decision's wording (``_Scored.kind``), filled by ``pharos.reasons.install``:
+#: the policy, compiled on its own, imports nothing of Pharos.
 EXPLAIN: dict[str, Callable[[_Scored], Explanation]] = {}
 
 
 class _Scored:
     """One pick's working set: the columns selection reads, how the winner was chosen, and
-    what is built from them when asked for and then kept: the full terms of any candidate
-    (``terms_at``, ``all_terms``), the utilization column under cost (``util``) and the
-    decision's explanation (``explanation``)."""
+    what is built from them when first asked for (terms, utilization, explanation)."""
 
     __slots__ = ("_all", "_explained", "_some", "_util", "aside", "base_why", "best",
                  "candidates", "est", "feasible", "fleet", "kind", "limit", "sticky", "tie",
@@ -564,8 +537,7 @@ class _Scored:
 
     @property
     def util(self) -> list[float]:
-        """Every candidate's utilization. Cost's selection reads only the tied candidates'
-        (``util_at``), so under cost the column is built on the first read."""
+        """Every candidate's utilization (under cost, built on the first read)."""
         if self._util is None:
             self._util = [(c.capacity - c.free_slots + c.queue_ahead) / c.capacity
                           for c in self.candidates]
@@ -604,11 +576,9 @@ def _capacity_error(c: Candidate) -> ValueError:
 
 
 def _select_cost(fleet: _Shared) -> _Scored:
-    """Each candidate's est_ttft, and which are set aside: what cost's selection reads, and
-    nothing else (no fallbacks, no per-term record, no utilization: only a tie reads that,
-    and only the tied candidates'). The hot loop of every decision (64 candidates in the
-    benchmark): it inlines ``_Fleet.terms``' arithmetic, same terms added in the same order,
-    and binds names to locals."""
+    """Each candidate's est_ttft, and which are set aside: all cost's selection reads (no
+    fallbacks, no per-term record, no utilization). The hot loop of every decision: it inlines
+    ``_Shared.terms``' arithmetic, same terms added in the same order, names bound to locals."""
     out = _Scored(fleet)
     ests, aside, add_feasible = out.est, out.aside, out.feasible.append
     prompt, threshold, bound = fleet.prompt, fleet.threshold, fleet.bound
@@ -702,8 +672,7 @@ def _select_cost(fleet: _Shared) -> _Scored:
 
 def _select_least_load(fleet: _Shared) -> _Scored:
     """Each candidate's utilization, and which are set aside: all least-load's selection
-    reads (the bound is off under the least-load config, so only a cold load that won't fit
-    is set aside there)."""
+    reads (the bound is off under least-load: only a cold load that won't fit is set aside)."""
     out = _Scored(fleet)
     utils, aside, add_feasible = [0.0] * len(fleet.candidates), out.aside, out.feasible.append
     out._util = utils
@@ -733,8 +702,7 @@ def _select(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -
 
 
 def score(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> tuple[Score, ...]:
-    """Every candidate's cost terms, in the order of the candidates (both policies report
-    them; ``Decision.scores`` holds the same)."""
+    """Every candidate's cost terms, in the order of the candidates."""
     return tuple(Score(*t) for t in _select(req, candidates, cfg).all_terms())
 
 
@@ -749,18 +717,10 @@ def rank(seed: int, target_id: int) -> int:
 def _break_tie(ties: list[int], scored: _Scored, seed: int, reload: bool = False
                ) -> tuple[int, str | None]:
     """The lowest utilization among the tied indices, then (``reload``: cost's) the lowest
-    eviction price, then the lowest seeded random rank (rendezvous hashing, so the choice does
-    not depend on candidate order). Returns the winner and what broke the tie, None if there
-    was none.
-
-    The eviction price breaks a tie before the seed: two cold loads of one model on
-    different hosts have the same utilization and tie whenever their victims' prices differ
-    by less than the window (a tenth of an estimate that holds a load and a reload, about
-    0.6 s for 3 s loads, where a tail model's price and a middle one's differ by 0.2-0.9 s:
-    the price saturates at about one reload for any model asked for within its horizon), so
-    the seed chose the victim and the middle models were pushed out as often as the tail
-    (``pharos bench placement``, 2 hosts, 8 models). The lower price is the victim whose
-    demand is lower: the one likelier to be asked for last."""
+    eviction price, then the lowest seeded rank (rendezvous hashing: independent of candidate
+    order). Returns the winner and what broke the tie (None: no tie). The eviction price comes
+    before the seed: cold loads of one model on different hosts tie whenever their victims'
+    prices are within the window, and the lower price is the victim likelier asked for last."""
     if len(ties) == 1:
         return ties[0], None
     low = math.inf
@@ -803,9 +763,8 @@ def _decide(scored: _Scored, win: int, kind: str) -> Decision:
 
 
 def cost(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig) -> Decision:
-    """The lowest estimated TTFT wins; ties within the window go to lower utilization, then to
-    the lower eviction price, then to the request's seed. Enqueue when the winner has no free
-    slot."""
+    """The lowest estimated TTFT wins, ties broken by ``_break_tie``. Enqueue when the winner
+    has no free slot."""
     scored = _select_cost(_Shared(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)
@@ -845,8 +804,7 @@ def least_load(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig
 
 
 def _rotation(scored: _Scored) -> list[int]:
-    """The feasible indices in target id order (a rotation that does not depend on the
-    order the scheduler lists candidates in)."""
+    """The feasible indices in target id order (independent of the candidates' order)."""
     candidates = scored.candidates
     return sorted(scored.feasible, key=lambda i: candidates[i].target_id)
 
@@ -859,8 +817,7 @@ def _drawn(scored: _Scored, seed: int) -> list[int]:
 
 def _baseline(req: RouteReq, candidates: Sequence[Candidate], cfg: PolicyConfig,
               choose: Callable[[RouteReq, _Scored], tuple[int, str, Why]]) -> Decision:
-    """A baseline's decision: least-load's feasibility and utilization, ``choose``'s winner
-    (its index, the reason's lead and the route outcome)."""
+    """A baseline's decision: least-load's feasibility, ``choose``'s winner, lead and why."""
     scored = _select_least_load(_Shared(req, tuple(candidates), cfg))
     if not scored.feasible:
         return _no_target(scored)

@@ -1,8 +1,7 @@
 """Prefix index: which target most likely holds a request's prompt prefix in its cache.
 
 A chained hash per message, not a character radix tree: bounded memory, and no prompt text is
-ever stored, only 64-bit hashes and byte lengths. Pure: no I/O, no clock (timestamps are passed
-in), no locking (the reactor is single-threaded).
+ever stored, only 64-bit hashes and byte lengths. Pure: no I/O, no clock, no locking.
 
 Chain (``chain``)::
 
@@ -29,8 +28,7 @@ differ. The full 32-byte digest is chained; each link's key is its first 8 bytes
   out of their canonical JSON, not encoded again), and a message's own. No engine renders it
   into the prompt, and Claude Code moves it to the newest block on every turn. A content that
   is one text block and its marker hashes as that text, the string Claude Code sends for that
-  message on the next turn. Only a message or tools carrying the marker hash any differently
-  from before (state files and peers keep their hashes).
+  message on the next turn.
 * The tools' canonical JSON bytes count towards the first link's length: the engine renders and
   caches them with the system message (tools and the system message are one unit).
 * A completion or Ollama generate prompt is split into fixed 1 KiB blocks of its UTF-8 bytes, one
@@ -43,18 +41,13 @@ Index (``PrefixIndex``): an LRU over entries keyed by the 64-bit link hash, defa
 Each entry holds up to 4 ``(target_id, gen, last_used, source)`` slots; on a 5th target the
 least recently used slot goes, and on a tie in ``last_used`` the first arrival keeps it.
 
-Memory (``pharos bench memory``): about 110-140 B an entry, kept small by plain dicts in
-shards that never leave a 2**16-row table (``SHARD_ENTRIES``), a slot packed into one int, and
-one such int shared by every link a record writes.
+Memory: about 110-140 B an entry: plain dicts in shards (``SHARD_ENTRIES``), a slot packed
+into one int shared by every link a record writes.
 
 LRU: ``record`` and ``merge`` touch the entries they write; ``lookup`` does not (a lookup whose
 request then fails must not keep entries alive; a success records, which touches). A record
 touches its links from the longest to the shortest, so the shared short prefixes end up most
 recent and the capacity bound evicts the deep links of old conversations first.
-
-Replication: ``export`` returns the live entries, most recently used first, naming
-targets by their wire key; ``merge`` applies snapshot entries and peer ``PrefixOp`` deltas as
-local records and removals, stamped with the receiver's current generation.
 """
 
 from __future__ import annotations
@@ -79,7 +72,7 @@ Outcome: TypeAlias = Literal[
 SEED: Final = b"pharos/prefix/v1"
 #: Completion and generate prompts are chained in blocks of this many UTF-8 bytes.
 BLOCK_BYTES: Final = 1024
-#: Matched bytes to estimated tokens (decoded text, 2.8-6.2 measured, §6).
+#: Matched bytes to estimated tokens (engines' tokenizers: 2.8-6.2 bytes of decoded text).
 BYTES_PER_TOKEN: Final = 4
 #: Slots per entry.
 MAX_SLOTS: Final = 4
@@ -93,7 +86,7 @@ _TOKEN_BYTES: Final = 4  # bytes per token id in a token prompt
 @dataclass(frozen=True, slots=True)
 class Chain:
     """A request's links: ``keys[i]`` is h(i+1) as a 64-bit int and ``ends[i]`` the cumulative
-    decoded-text byte length up to and including that link. Empty when there is no prediction."""
+    decoded-text byte length up to and including that link."""
 
     keys: tuple[int, ...] = ()
     ends: tuple[int, ...] = ()
@@ -113,9 +106,8 @@ EMPTY: Final = Chain()
 class Match(NamedTuple):
     """A target's longest live match: the matched byte length and where its slot came from.
 
-    A named tuple rather than a frozen dataclass: ``lookup`` builds one per matched target on
-    every decision, and a frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__`` (16 matches took 4.3 µs against 1.9 µs, issue 10 item 6)."""
+    A named tuple: ``lookup`` builds one per matched target on every decision, and a frozen
+    dataclass's ``__init__`` sets each field through the slower ``object.__setattr__``."""
 
     matched_bytes: int
     source: Source
@@ -144,15 +136,13 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class PrefixOp:
-    """A peer delta (§6): a record (or, with ``remove``, a correction) of one request's links.
+    """A peer delta: a record (or, with ``remove``, a correction) of one request's links.
 
-    ``dispatched``: a prediction made when the request was sent, before any byte came back
-    (the target will hold the links once the engine schedules the prompt); the sender's
-    first-byte and release records confirm it, its correction or error removal drops it.
-    ``root_tokens`` is the root's estimated tokens (a peer that never sent that root cannot
-    size it otherwise) and ``moved`` says the target was not taken to hold the root: this send
-    puts it into a cache that lacked it, so peers are told at once rather than at the next
-    tick. Both only on dispatched ops."""
+    ``dispatched``: a prediction made when the request was sent, before any byte came back;
+    the sender's later records confirm it, its correction or error removal drops it. Only on
+    dispatched ops: ``root_tokens``, the root's estimated tokens (a peer that never sent that
+    root cannot size it otherwise), and ``moved``: this send puts the root into a cache that
+    lacked it (so peers are told at once)."""
 
     target_key: str
     hashes: tuple[int, ...]
@@ -166,9 +156,8 @@ class PrefixOp:
 @dataclass(slots=True)
 class IndexCensus:
     """The index counted (``PrefixIndex.census_in_steps``): its entries, an estimate of their
-    bytes (the shard tables, keys, slot tuples and distinct slot ints), and per target id the
-    entries holding a slot for it at its current gen (what a lookup can match) and at an older
-    one (stale: matches nothing until overwritten or evicted)."""
+    bytes, and per target id the entries holding a slot for it at its current gen and at an
+    older one (stale: matches nothing until overwritten or evicted)."""
 
     entries: int = 0
     bytes: int = 0
@@ -231,9 +220,9 @@ _MARKER_VALUE: Final = re.compile(rb'\{[^{}\[\]\\]*\}|"[^"\\]*"|[-+.0-9a-zA-Z]+'
 
 
 def _unmarked(data: bytes) -> bytes | None:
-    """Canonical JSON bytes without their ``cache_control`` members: each member and one comma
-    beside it cut out, which gives the very bytes of the value encoded without them (sorted
-    keys, no spaces) without encoding it again. None for a marker value it does not read."""
+    """Canonical JSON bytes without their ``cache_control`` members (each with one comma
+    beside it cut out: the bytes of the value encoded without them). None for a marker value
+    it does not read."""
     out: list[bytes] = []
     start = 0
     i = data.find(_ANNOTATION)
@@ -277,11 +266,10 @@ _NO_EXTRA: Final = bytes(_LEN)
 
 def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
     """Each link hashes the previous link's digest and the message's role, content and other
-    fields, each length-prefixed. Fed to one SHA-256 piece by piece, so a long content is
-    encoded once and never copied (the same bytes, and digests, as hashing their
-    concatenation). The common message (a known role, a string content, nothing else) takes
-    the short path: half of a 16-message chain's time was per-message overhead, and runs of
-    such messages go to ``pharos.linkhash`` (compiled)."""
+    fields, each length-prefixed, fed to one SHA-256 piece by piece so a long content is
+    encoded once and never copied (the same digests as hashing their concatenation). Runs of
+    common messages (a known role, a string content, nothing else) go to ``pharos.linkhash``
+    (compiled): per-message overhead is most of a chain's time."""
     tools_bytes = _canonical(tools) if tools else b""
     if _ANNOTATION in tools_bytes:
         tools_bytes = _unmarked(tools_bytes) or tools_bytes
@@ -294,7 +282,6 @@ def _chat_chain(model: str, messages: list[object], tools: object) -> Chain:
     roles = _ROLE_FIELDS
     i, count = 0, len(messages)
     while True:
-        # Runs of common messages are hashed by the compiled loop; any other message here.
         i, prev, total = common_links(prev, messages, i, total, keys, ends)
         if i >= count:
             break
@@ -372,8 +359,7 @@ def _prompt_chain(model: str, prompt: object) -> Chain:
 
 def chain(model: str, messages: object, tools: object, prompt: object) -> Chain:
     """The request's chain: over ``messages`` when it is a list (chat routes), else over
-    ``prompt`` (completions, Ollama generate). Empty when neither is there or the body is too odd
-    to encode; never raises."""
+    ``prompt``. Empty when neither is there or the body is too odd to encode; never raises."""
     if not isinstance(model, str):
         return EMPTY
     try:
@@ -420,13 +406,10 @@ _NO_GEN: Final = -1  # matches no stored gen (an unknown target's)
 
 #: Entries per shard at most. A shard is a plain dict; CPython 3.11 sizes a dict's table from
 #: three times its live entries at each resize, so a shard that never holds more than a third
-#: of a 2**16-row table (21,845) stays in that table for good: about 65 bytes a row at 20,000
-#: entries, where one dict of 200,000 jumps to a 2**20-row table (about 105 bytes a row) and an
-#: OrderedDict adds its linked list on top (about 175 bytes a row measured).
+#: of a 2**16-row table (21,845) stays in that table for good (about 65 bytes a row), where
+#: one dict of 200,000 jumps to a 2**20-row table (about 105 bytes a row).
 SHARD_ENTRIES: Final = 20_000
-#: A full shard drops this fraction of its oldest entries at once: a dict has no cheap "oldest"
-#: (finding the first live row walks the holes left by earlier pops), so eviction walks once
-#: per batch instead of once per entry.
+#: A full shard drops this fraction of its oldest entries at once (``drop_oldest``).
 EVICT_FRACTION: Final = 64
 
 Slots: TypeAlias = "int | tuple[int, ...]"
@@ -462,13 +445,12 @@ def _gen_getter(gens: Mapping[int, int] | Callable[[int], int | None]) -> Callab
 
 
 class PrefixIndex:
-    """A bounded LRU of link hash → up to ``MAX_SLOTS`` target slots (spec §6).
+    """A bounded LRU of link hash → up to ``MAX_SLOTS`` target slots.
 
-    Held in ``ceil(capacity / SHARD_ENTRIES)`` shards by ``key % shards``, each an LRU of its
-    share of the capacity (the keys are hashes, so the shares fill evenly). An index of at most
-    ``SHARD_ENTRIES`` (every test's) is one shard and one exact LRU; a larger one is an exact
-    LRU per shard, and a shard that passes its share drops its oldest 1/``EVICT_FRACTION``.
-    ``last_used`` is kept in whole milliseconds and ``gen`` modulo 2**24."""
+    Held in ``ceil(capacity / SHARD_ENTRIES)`` shards by ``key % shards``, each an exact LRU
+    of its share of the capacity (the keys are hashes, so the shares fill evenly); a shard
+    that passes its share drops its oldest 1/``EVICT_FRACTION``. ``last_used`` is kept in
+    whole milliseconds and ``gen`` modulo 2**24."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY,
                  shard_entries: int = SHARD_ENTRIES) -> None:
@@ -492,8 +474,7 @@ class PrefixIndex:
         self, ch: Chain, gens: Mapping[int, int] | Callable[[int], int | None]
     ) -> dict[int, Match]:
         """Per target, the longest link of ``ch`` whose slot's gen is the target's current gen
-        (``gens``: a mapping or a function of the target id; an unknown gen matches nothing).
-        Walks h_n … h_1, skipping stale slots. O(links); does not touch the LRU order."""
+        (an unknown gen matches nothing). O(links); does not touch the LRU order."""
         gen_of = _gen_getter(gens)
         new_match = tuple.__new__  # ``Match(...)`` without its Python-level ``__new__``
         keys, ends = ch.keys, ch.ends
@@ -524,7 +505,7 @@ class PrefixIndex:
     ) -> None:
         """Add the target to every link of the chain. Call it when the request succeeded, never
         at dispatch or at the first byte: engines cache per slot, so a prompt is reusable only
-        once the request that brought it has ended (§6)."""
+        once the request that brought it has ended."""
         keys = ch.keys if isinstance(ch, Chain) else ch
         slot = _pack(target_id, gen, now, source)
         shards, caps, n = self._shards, self._caps, self._n
@@ -542,8 +523,7 @@ class PrefixIndex:
 
     def correct(self, ch: Chain | Sequence[int], target_id: int) -> None:
         """Remove the target from every link of the chain: the engine reported cached tokens far
-        below the prediction (``classify`` said ``wrong_prediction``). This is how the index
-        learns each engine's real retention."""
+        below the prediction (``classify``'s ``wrong_prediction``)."""
         keys = ch.keys if isinstance(ch, Chain) else ch
         shards, n = self._shards, self._n
         for key in keys:
@@ -568,10 +548,9 @@ class PrefixIndex:
         self, key_of: Callable[[int], str | None],
         gens: Mapping[int, int] | Callable[[int], int | None] | None = None,
     ) -> list[Entry]:
-        """All live entries, most recently used first (``lru_order`` reversed), targets named by
-        ``key_of`` (a target it names ``None`` is left out). With ``gens``, stale slots are left
-        out too: a receiver stamps what it merges with its own current gen, so a dead slot must
-        not travel."""
+        """All live entries, most recently used first, targets named by ``key_of`` (None: left
+        out). With ``gens``, stale slots are left out too: a receiver stamps what it merges
+        with its own current gen, so a dead slot must not travel."""
         return list(self.iter_export(key_of, gens))
 
     def iter_export(
@@ -580,10 +559,9 @@ class PrefixIndex:
         *, newest_first: bool = True,
     ) -> Iterator[Entry]:
         """``export`` one entry at a time, for a caller that yields to the reactor between
-        batches (a full index takes seconds to export). The index must not change meanwhile:
-        iterate a ``copy_in_steps`` copy. ``newest_first=False``: least recently used first
-        (a snapshot streams its parts in that order, so a reader merging each part as it
-        arrives rebuilds the LRU order)."""
+        batches; the index must not change meanwhile (iterate a ``copy_in_steps`` copy).
+        ``newest_first=False``: least recently used first (a snapshot's order, so a reader
+        merging each part as it arrives rebuilds the LRU order)."""
         gen_of = _gen_getter(gens) if gens is not None else None
         for key in self._ordered(newest_first=newest_first):
             shard = self._shards[key % self._n]
@@ -604,7 +582,7 @@ class PrefixIndex:
         """An independent copy, one shard per step: yields ``None`` after each shard but the
         last, then the copy. Slots are immutable ints and tuples, so copying each shard's dict
         is enough; a shard of 2**16 entries takes a few ms, and a snapshot must not hold the
-        reactor for every shard at once (§12 state file)."""
+        reactor for every shard at once."""
         other = PrefixIndex.__new__(PrefixIndex)
         other.capacity, other._n, other._caps = self.capacity, self._n, list(self._caps)
         other._shards = []
@@ -622,11 +600,9 @@ class PrefixIndex:
         source: Source = "peer",
     ) -> int:
         """Apply a peer's deltas (``PrefixOp``, in order) or a snapshot (``export``'s entries,
-        most recent first, applied from the oldest so the LRU order carries over) as local
-        records and removals. Unknown target keys, and targets whose gen is unknown, are dropped;
-        merged slots are stamped with the receiver's current gen and ``source`` (``peer`` for
-        deltas, ``restored`` for snapshots); ``last_used`` is capped at ``now`` (clock skew).
-        Returns how many items were dropped."""
+        applied from the oldest so the LRU order carries over) as local records and removals,
+        stamped with the receiver's current gen and ``source``; ``last_used`` is capped at
+        ``now`` (clock skew). Returns how many were dropped (unknown targets or gens)."""
         gen_of = _gen_getter(gens)
         dropped = 0
         run: list[Entry] = []
@@ -671,16 +647,14 @@ class PrefixIndex:
         return True
 
     def slots(self, key: int) -> list[tuple[int, int, float, Source]]:
-        """The slots of one entry as ``(target_id, gen, last_used, source)``, arrival order (for
-        tests and the status page)."""
+        """The slots of one entry as ``(target_id, gen, last_used, source)``, arrival order."""
         got = self._shards[key % self._n].get(key)
         return [] if got is None else [_unpack(s) for s in _as_tuple(got)]
 
     def census_in_steps(self, gens: Mapping[int, int] | Callable[[int], int | None]
                         ) -> Iterator[IndexCensus | None]:
         """Count the index one shard per step (``GET /admin/index``): ``None`` after each
-        shard, then the census. Each step reads one shard whole; the index may change between
-        steps, so the counts are of a moving index, as any live figure is."""
+        shard, then the census (of a moving index, as any live figure is)."""
         gen_of = _gen_getter(gens)
         out = IndexCensus()
         ints: set[int] = set()  # a record's links share one slot int: count each once
@@ -703,9 +677,8 @@ class PrefixIndex:
         yield out
 
     def lru_order(self) -> list[int]:
-        """All entry keys, least recently used first: exact in one shard; across shards, their
-        orders interleaved by each entry's newest ``last_used`` (each shard's own order kept, so
-        a snapshot merged into an index of the same capacity rebuilds every shard's order)."""
+        """All entry keys, least recently used first: each shard's order kept, interleaved by
+        each entry's newest ``last_used`` (a snapshot merged in rebuilds every shard's order)."""
         return list(self._ordered(newest_first=False))
 
     def _ordered(self, newest_first: bool) -> Iterator[int]:
@@ -723,9 +696,9 @@ class PrefixIndex:
 
 
 def drop_oldest(table: dict[Any, Any], cap: int) -> None:
-    """Drop a plain dict's first (oldest) keys: down to ``cap`` less 1/EVICT_FRACTION of it.
-    A dict has no cheap "oldest" (finding its first live row walks the holes earlier pops
-    left), so a bounded table in insertion order is trimmed in batches, one walk each."""
+    """Drop a plain dict's oldest keys, down to ``cap`` less 1/EVICT_FRACTION of it: a dict
+    has no cheap "oldest" (its first live row is past earlier pops' holes), so it is trimmed
+    in batches, one walk each."""
     it = iter(table)
     victims = [next(it) for _ in range(len(table) - cap + cap // EVICT_FRACTION)]
     for key in victims:
@@ -733,10 +706,8 @@ def drop_oldest(table: dict[Any, Any], cap: int) -> None:
 
 
 def _put(old: Slots, slot: int) -> Slots:
-    """The entry's slots with ``slot`` recorded: its target's slot updated in place (its gen
-    always; its last_used and source unless that would move last_used back at the same gen),
-    else appended, the least recently used going past ``MAX_SLOTS`` (on a tie the latest
-    arrival)."""
+    """The entry's slots with ``slot`` recorded: its target's slot updated (``_updated``),
+    else appended, the least recently used going past ``MAX_SLOTS`` (a tie: the latest)."""
     target = slot & _TARGET_MASK
     if type(old) is int:
         if old & _TARGET_MASK == target:
@@ -771,19 +742,15 @@ def _updated(old: int, new: int) -> int:
 
 def classify(predicted_tokens: int | None, cached_tokens: int | None,
              prompt_tokens: int | None = None, chain_tokens: int | None = None) -> Outcome:
-    """The ``prefix`` outcome of §13: the prediction against the engine's cached tokens.
+    """The ``prefix`` outcome: the prediction against the engine's cached tokens.
 
     ``unknown`` when the engine reported no cached tokens; without a prediction (None or 0),
     ``unpredicted_hit`` when anything was cached, else ``miss``; with one, ``wrong_prediction``
-    when fewer than half the predicted tokens were cached (the one ``correct`` acts on), else
-    ``predicted_hit``.
-
-    The prediction is in the index's tokens (``BYTES_PER_TOKEN``), the cached count in the
-    engine's (2.8-6.2 bytes a token): with the engine's ``prompt_tokens`` and the chain's own
-    estimate of the whole prompt (``chain_tokens``, its bytes at ``BYTES_PER_TOKEN``) both
-    known, the two are compared as shares of the prompt, each in its own tokens, so a tokenizer
-    of many bytes a token does not turn a full hit into a wrong prediction (nor one of few
-    bytes a token a miss into a hit). Without them, as absolute counts."""
+    when fewer than half the predicted tokens were cached, else ``predicted_hit``. The
+    prediction is in the index's tokens (``BYTES_PER_TOKEN``), the cached count in the
+    engine's: with the engine's ``prompt_tokens`` and the chain's ``chain_tokens`` both known,
+    the two are compared as shares of the prompt, so a tokenizer of many bytes a token does
+    not turn a full hit into a wrong prediction. Without them, as absolute counts."""
     if cached_tokens is None:
         return "unknown"
     if not predicted_tokens or predicted_tokens <= 0:

@@ -1,9 +1,7 @@
 """The policy's decisions in words: each decision's reason, its route outcome (``Why``) and
-the guards that acted, worded from the pick's working set only when first read
-(``Decision.reason``), and the cost term that decided it (explain).
-
-``install`` puts the wording into ``pharos.policy.EXPLAIN`` (the scheduler does, for the
-decisions it hands out): the policy, compiled on its own, imports nothing of Pharos."""
+the guards that acted, worded when first read (``Decision.reason``), and the cost term that
+decided it (explain). ``install`` puts the wording into ``pharos.policy.EXPLAIN``: the policy,
+compiled on its own, imports nothing of Pharos."""
 
 from __future__ import annotations
 
@@ -66,8 +64,7 @@ def _label(c: Candidate) -> str:
 
 
 def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
-    """The notes every policy's reason ends with (queueing, guards set aside, assumed inputs,
-    the KV-pressure guard), and the guards that acted."""
+    """The notes every policy's reason ends with, and the guards that acted."""
     win = scored.win
     if scored.candidates[win].free_slots <= 0:
         parts.append("queued: no free slot")
@@ -89,11 +86,9 @@ def _explained(scored: _Scored, why: Why, parts: list[str]) -> Explanation:
 
 
 def _alternatives(scored: _Scored) -> tuple[int, int]:
-    """The cost winner's two yardsticks among the other feasible candidates, in one pass:
-    the reference ``_why`` measures it against (the least utilized, then the lowest
-    est_ttft, then the lowest target id; -1 when the winner is strictly the least utilized or
-    alone) and the runner-up its reason names (the lowest est_ttft, the first in candidate
-    order among equals; -1 when alone)."""
+    """The cost winner's reference for ``_why`` (the least utilized other, then the lowest
+    est_ttft, then target id; -1 when the winner is strictly the least utilized or alone) and
+    the runner-up its reason names (the lowest est_ttft; -1 when alone)."""
     candidates, ests, win = scored.candidates, scored.est, scored.win
     ref, ref_util, ref_est, ref_id = -1, 0.0, 0.0, 0
     runner, runner_est = -1, 0.0
@@ -114,13 +109,9 @@ def _alternatives(scored: _Scored) -> tuple[int, int]:
 
 
 def _why(scored: _Scored, ref: int) -> Why:
-    """What the cost winner saved against the least utilized alternative ``ref`` (the ``route``
-    outcome; ``_alternatives`` finds it so that the outcome never depends on the seed).
-
-    A winner that is strictly the least utilized won on load alone: ``least_loaded``.
-    Otherwise ``warm`` if the load it avoids is the larger saving, ``cache`` if the prefill its
-    cached prefix avoids is, and ``least_loaded`` if it saved neither (it won on wait or on
-    prefill speed)."""
+    """What the cost winner saved against the least utilized alternative ``ref`` (chosen so
+    that the outcome never depends on the seed): ``warm`` if the load it avoids is the larger
+    saving, ``cache`` if the prefill its cached prefix avoids is, else ``least_loaded``."""
     if ref < 0:
         return "least_loaded"
     win = scored.win
@@ -137,8 +128,7 @@ def _why(scored: _Scored, ref: int) -> Why:
 
 def explain_cost(scored: _Scored) -> Explanation:
     """A cost decision's reason: the winner's state and cached tokens, its estimate against
-    the runner-up's (the feasible candidate with the next lowest estimate), what broke a tie;
-    and its route outcome."""
+    the runner-up's, what broke a tie; and its route outcome."""
     candidates, ests, win = scored.candidates, scored.est, scored.win
     c, win_est = candidates[win], ests[win]
     assert win_est is not None
@@ -173,9 +163,9 @@ TERMS: Final = ("wait", "load", "prefill", "kv_penalty", "evict", "reload")
 
 
 def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
-    """The cost term that put the winner furthest ahead of the runner-up (the feasible
-    candidate with the next lowest estimate); None without a winner or a runner-up, or when
-    the winner was not ahead on any term (a tie broken by utilization or seed)."""
+    """The cost term that put the winner furthest ahead of the runner-up; None without a
+    winner or a runner-up, or when it was ahead on no term (a tie broken by utilization or
+    seed)."""
     mine = next((s for s in scores if s.target_id == winner), None)
     if mine is None:
         return None
@@ -190,8 +180,7 @@ def deciding_term(scores: Sequence[Score], winner: int | None) -> str | None:
 
 def explain_least_load(scored: _Scored) -> Explanation:
     """A least-load decision's reason: the winner's state and utilization against the
-    runner-up's (the next least utilized feasible candidate), and whether the seed broke a
-    tie."""
+    runner-up's, and whether the seed broke a tie."""
     candidates, utils, win = scored.candidates, scored.util, scored.win
     only = len(scored.feasible) == 1
     why: Why = "only_choice" if only else "least_loaded"
@@ -211,8 +200,7 @@ def explain_least_load(scored: _Scored) -> Explanation:
 
 
 def explain_baseline(scored: _Scored) -> Explanation:
-    """A baseline's reason: how it chose (kept in ``tie``), the winner's state and
-    utilization."""
+    """A baseline's reason: how it chose (in ``tie``), the winner's state and utilization."""
     c, win, why = scored.candidates[scored.win], scored.win, scored.base_why
     if len(scored.feasible) == 1:
         why = "only_choice"

@@ -1,29 +1,20 @@
 """Which root prefixes each target's cache still holds, and what a new one would push out.
 
 A prompt sent to a target that does not hold its root prefix (the tools and system message)
-makes that cache take the root in; an engine whose cache holds only a few roots then evicts
-the least recently used one, and the next request for that root pays its prefill again (a
-per-request TTFT minimum that sends prompts to idle engines keeps evicting what small caches
-hold). The policy prices that like a model eviction: the prefill of the live roots a choice
-pushes out of the only cache that holds them.
+makes that cache take the root in; a cache that holds only a few roots then evicts the least
+recently used one, and the next request for that root pays its prefill again. The policy
+prices that like a model eviction: the prefill of the live roots a choice pushes out of the
+only cache that holds them.
 
 Per target, an LRU of the roots Pharos sent it (their estimated tokens), and how many root
-tokens it retains, learned from replies rather than modelled from block counts: a root found
-cached with ``ahead`` tokens of other roots sent there since it was last used means the
-cache retains at least ``ahead + tokens``; a root found evicted means fewer. Roots beyond the
-learned retention are taken as gone (but remembered, so a hit can raise it again). Unknown
-retention prices nothing (``None``, never a guess).
+tokens it retains, learned from replies: a root found cached with ``ahead`` tokens of other
+roots sent there since it was last used means the cache retains at least ``ahead + tokens``;
+one found evicted, fewer. Roots beyond the retention are taken as gone (but remembered, so a
+hit can raise it). Unknown retention prices nothing. Pure: no clock, bounded.
 
-Pure: no clock (times are passed in), bounded (``ROOTS_PER_TARGET`` roots a target,
-``LIVE_ROOTS`` roots' last use).
-
-Replicated (an optional ``roots`` part of the snapshot): a restarted instance that restored
-prefix entries without this picture cannot tell a stale entry from a live one. ``export``
-names targets by key and gives each root its last send time there; ``merge`` keeps, per
-target and root, the latest send (the LRU order is the order of those times), and the
-retention learned last (a tie: the larger). Both are maxima, so merging is idempotent and any
-order of merges gives the same picture; a root sent before this instance saw the target's
-cache start empty (``forget``) is not taken back.
+Replicated (peers, and the snapshot: restored prefix entries without it cannot be told stale
+from live): ``merge`` keeps, per target and root, the latest send (the LRU order), and the
+retention learned last (a tie: the larger): maxima, so merging is idempotent and order-free.
 """
 
 from __future__ import annotations
@@ -35,24 +26,23 @@ from typing import Final
 
 #: Roots remembered per target (the least recently used go first).
 ROOTS_PER_TARGET: Final = 256
-#: A root not asked for this long is not worth keeping anywhere (assumed: longer than the
-#: gaps of a steadily used system prompt, shorter than an idle conversation's).
+#: A root not asked for this long is not worth keeping anywhere (assumed: longer than a
+#: steadily used system prompt's gaps, shorter than an idle conversation's).
 LIVE_SEC: Final = 60.0
 #: Roots whose last use is remembered.
 LIVE_ROOTS: Final = 4096
 #: A reply whose cached tokens cover this share of the root's estimate held the root (the
 #: estimate is bytes / 4, the engine counts its own tokens and whole blocks).
 HELD_SHARE: Final = 0.8
-#: Roots per exported row (a target's roots span several rows; ``merge`` takes them in any
-#: order): about 6 KB of JSON.
+#: Roots per exported row (about 6 KB of JSON; ``merge`` takes rows in any order).
 ROW_ROOTS: Final = 128
 _U64: Final = 2**64
 
 
 @dataclass(frozen=True)
 class RootsRow:
-    """Part of one target's picture as peers and the state file carry it: its retention,
-    when that was learned (None: unknown), and roots as (hash, tokens, last sent there)."""
+    """Part of one target's picture on the wire: its retention, when that was learned (None:
+    unknown), and roots as (hash, tokens, last sent there)."""
 
     target: str
     retained: int | None
@@ -74,8 +64,7 @@ def _count(value: object) -> bool:
 
 
 def parse_roots_row(raw: object) -> RootsRow:
-    """A row off the wire, checked (unknown fields and trailing list items ignored); a
-    ValueError names what is wrong."""
+    """A row off the wire, checked (unknown fields and trailing list items ignored)."""
     if not isinstance(raw, dict):
         raise ValueError("expected an object")
     target, retained, learned_at = raw.get("target"), raw.get("retained"), raw.get("learned_at")
@@ -119,7 +108,7 @@ class RootCaches:
     def sent(self, target: int, root: int, tokens: int, now: float) -> int | None:
         """A request with ``root`` was dispatched to ``target``: the root is its most recent.
         Returns the tokens of the other roots sent there since this one was last used there
-        (None if it was not held): what ``learn`` needs when the reply says what was cached."""
+        (None if it was not held), for ``learn``."""
         held = self._held.setdefault(target, {})
         ahead: int | None = None
         if root in held:
@@ -133,7 +122,7 @@ class RootCaches:
             del held[root]
         at = self._sent_at.setdefault(target, {})
         # Send times strictly increase per target, so their order is the LRU order even when
-        # the clock stands still or goes back (what ``merge`` rebuilds the order from).
+        # the clock stands still or goes back (``merge`` rebuilds the order from them).
         newest = at.get(next(reversed(held)), -math.inf) if held else -math.inf
         at[root] = now if now > newest else math.nextafter(newest, math.inf)
         held[root] = tokens
@@ -148,8 +137,7 @@ class RootCaches:
         return ahead
 
     def tokens_of(self, root: int) -> int | None:
-        """The root's estimated tokens as some target's LRU holds them (None: not held
-        anywhere): a peer's prefix record names a root by its hash only."""
+        """The root's estimated tokens where some target holds it (None: nowhere)."""
         for held in self._held.values():
             n = held.get(root)
             if n is not None:
@@ -158,9 +146,8 @@ class RootCaches:
 
     def learn(self, target: int, tokens: int, ahead: int | None, cached: int | None,
               now: float | None = None) -> None:
-        """A reply's cached tokens for a root that was held with ``ahead`` tokens of other
-        roots used since: the cache retains at least ``ahead + tokens`` when it held the
-        root, fewer when it did not. ``now``: when (what ``merge`` orders retentions by)."""
+        """A reply's cached tokens for a root held with ``ahead`` tokens of other roots used
+        since (the module docstring). ``now``: what ``merge`` orders retentions by."""
         if ahead is None or cached is None or tokens <= 0:
             return
         seen = ahead + tokens
@@ -180,8 +167,7 @@ class RootCaches:
 
     def resident(self, target: int) -> list[tuple[int, int]]:
         """The roots the target's cache holds by the learned retention, newest first (every
-        root sent there while the retention is unknown). Older ones are taken as evicted, but
-        remembered: a reply that finds one cached raises the retention."""
+        root sent there while the retention is unknown)."""
         known = self.retained.get(target)
         out: list[tuple[int, int]] = []
         total = 0
@@ -208,7 +194,7 @@ class RootCaches:
 
     def evicts(self, target: int, root: int, tokens: int) -> list[tuple[int, int]] | None:
         """The roots ``target`` would push out to take ``root`` in, oldest first, with the
-        tokens each loses (the last one only what does not fit: vLLM frees a sequence's tail
+        tokens each loses (the last only what does not fit: vLLM frees a sequence's tail
         blocks first); None when its retention is unknown, [] when the root fits or is held."""
         known = self.retained.get(target)
         if known is None:
@@ -237,9 +223,8 @@ class RootCaches:
                                                            self.resident(t)))
 
     def forget(self, target: int, now: float | None = None) -> None:
-        """The target's cache is gone (a restart, a new generation): nothing held, retention
-        kept (the engine is the same size). ``now``: when, so ``merge`` does not take back
-        roots sent there before."""
+        """The target's cache is gone (a new generation): nothing held, retention kept (the
+        engine is the same size). ``now``: when, so ``merge`` takes back no older sends."""
         self._held.pop(target, None)
         self._sent_at.pop(target, None)
         if now is not None:
@@ -264,9 +249,8 @@ class RootCaches:
         return rows
 
     def export_retention(self, key_of: Callable[[int], str | None]) -> list[RootsRow]:
-        """Each target's learned retention and when it was learned, without roots: what peers
-        send every tick (``merge`` takes the one learned last), so every instance prices and
-        drops stale predictions on what all replies taught, not a third of them."""
+        """Each target's learned retention and when, without roots: what peers send every
+        tick, so every instance prices on what all replies taught."""
         rows: list[RootsRow] = []
         for target in sorted(self.retained):
             key = key_of(target)
@@ -277,8 +261,7 @@ class RootCaches:
 
     def merge(self, rows: Iterable[RootsRow],
               id_of: Callable[[str], int | None]) -> tuple[int, int]:
-        """Merge exported rows (see the module docstring); returns (roots that changed
-        something here, roots of targets not known here: dropped)."""
+        """Merge exported rows; returns (roots that changed something, unknown targets')."""
         changed = dropped = 0
         for row in rows:
             target = id_of(row.target)

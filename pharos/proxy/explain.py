@@ -1,11 +1,10 @@
 """``POST /admin/explain/<route>``: what the policy would do with a request now, and why.
 
-The body is read as the route would read it (the same parse, the same chain), the scheduler
-builds the candidates and the policy decides, and nothing else happens: no slot is taken, no
-session or hot-prefix demand is counted, the index's LRU order is not touched, nothing is sent
-to any engine. The answer names each candidate's signals, predicted cached tokens, cost terms
-and any guard that set it aside, the winner, and the term that put it ahead of the runner-up.
-No prompt text appears in it.
+The body is read as the route would read it, the scheduler builds the candidates and the
+policy decides, and nothing else happens: no slot is taken, no demand counted, the index's LRU
+order is not touched, nothing is sent to any engine. The answer names each candidate's signals,
+predicted cached tokens, cost terms and set-aside reason, the winner, and the deciding term;
+no prompt text.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pharos.sched import (
 )
 from pharos.state.registry import Target, View
 
-#: Routes explain accepts (the generation routes of §9).
+#: Routes explain accepts (the generation routes).
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
                     "/api/chat", "/api/generate"})
 
@@ -107,7 +106,7 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         "capacity": c.capacity,
         "capacity_source": sched.capacity_of(t)[1],
         # Per signal, the probe that read it; "log <probe>" where the engine's log filled a
-        # signal no scraped probe knows (spec §5).
+        # signal no scraped probe knows.
         "signal_sources": signal_sources(t, v),
         "capacity_seen_running": t.capacity_seen_max,
         "free_slots": c.free_slots,
@@ -116,17 +115,16 @@ def _candidate(sched: Scheduler, t: Target, s: Score, placed: Placement,
         "prediction_source": match.source if match else None,
         "hot_prefix_owner": t.id in placed.hot_owners,
         "priced_cached_tokens": c.matched_tokens,
-        # Live prefixes taking this prompt in would push out of the only cache holding them,
-        # and the root-prefix tokens the cache was seen to retain (None: not learned yet).
+        # Live prefix tokens taking this prompt in would push out of their only cache.
         "evicts_tokens": c.evict_tokens,
         # Room the engine's KV pool has for a new prompt (None: the engine does not say).
         "kv_free_tokens": c.kv_free_tokens,
+        # Root-prefix tokens the cache was seen to retain (None: not learned yet).
         "retained_root_tokens": sched.roots.retained.get(t.id),
         # A cold load's victims: the idle models it would push out of the host's memory,
-        # and the reloads their recent demand makes likely (seconds; issue 15).
+        # and the reloads their recent demand makes likely (seconds).
         "evicts_models": list(c.victims),
-        # Pharos asks the host to unload them before the load (Ollama: the cheapest, named);
-        # False: the host picks (the price is Pharos's guess of its choice).
+        # Pharos names them to the host to unload (Ollama); False: the host picks.
         "unloads_victims": (bool(c.victims) and names_victims(t.backend)
                             and sched.policy.name == "cost"),
         "reload_price_sec": c.reload_sec,

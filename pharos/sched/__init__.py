@@ -1,12 +1,7 @@
-"""The scheduler: admission, occupancy, the per-key fair queue and leases, as a package of
-parts composed into ``Scheduler`` (``pharos.sched.scheduler``).
-
-A request that cannot be placed waits in its key's FIFO (``queue``); each decision builds
-every target's candidate from the state (``candidates``, kept between decisions in one
-cache), prices cold loads from what each host is believed to hold (``hosts``), looks the
-prompt's prefix chain up in the ``PrefixIndex`` and gives a hot root more than one owner
-(``learning``), adds the peers' requests in flight (``peers``), and asks ``pharos.policy``.
-On release the reply teaches the index, the root caches and the capacities (``learning``).
+"""The scheduler: admission, occupancy, the per-key fair queue and leases, as parts composed
+into ``Scheduler``: the wait queue (``queue``), each target's candidate (``candidates``),
+placement memory (``hosts``), the prefix index and what replies teach (``learning``) and the
+peers' requests in flight (``peers``); ``pharos.policy`` decides.
 """
 
 from pharos.sched.candidates import Candidates, with_match

@@ -1,8 +1,6 @@
 """The candidates a decision chooses among, and the one cache that keeps them between
-decisions: per target the last candidate without a match (``kept``), its copy with a match
-(``matched``), per (model, kind) the last full pass over its fleet (``fleets``), and the target
-sets found without a free slot (``full``). ``invalidate`` empties them all at once (a reload,
-a new default capacity); each entry also holds what it stays current for."""
+decisions (``kept``, ``matched``, ``fleets``, ``full``), each entry with what it stays current
+for; ``invalidate`` empties them all at once (a reload, a new default capacity)."""
 
 from __future__ import annotations
 
@@ -23,22 +21,15 @@ from pharos.sched.request import (
 from pharos.state.registry import BackendState, Target, View, new_stamp
 from pharos.state.state import CachedView, State
 
-#: ``Candidate.warm`` by residency (unknown: None), built once: ``build`` runs for every
-#: target of every decision.
+#: ``Candidate.warm`` by residency (unknown: None).
 _WARM: dict[Residency, bool] = {Residency.LOADED: True, Residency.LOADING: True,
                                 Residency.COLD: False}
 
 
 def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> Candidate:
-    """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out: it took 5 us a
-    call, and a decision makes one per target holding the prompt). A test checks that it
-    copies every field.
-
-    ``holds_root``: the match covers the prompt's root. Such a target full at a capacity
-    Pharos estimated (``Candidate.capacity_open``) is given a slot while nothing queues
-    ahead: it may run more, and the engine's queue says when it does not (``learn_capacity``
-    stops it the round one shows): priced as full at the few slots learned so far, holders
-    lost their hits to engines without the prompt."""
+    """``c`` with ``matched_tokens`` (``dataclasses.replace`` spelled out, being slow; a test
+    checks every field is copied). ``holds_root``: the match covers the prompt's root; such a
+    target full at a ``Candidate.capacity_open`` capacity gets a slot while nothing queues."""
     free = c.free_slots
     if holds_root and free <= 0 and c.capacity_open and c.queue_ahead <= 1:
         free = 1  # (the request itself is the one waiter counted)
@@ -55,13 +46,10 @@ def with_match(c: Candidate, matched_tokens: int, holds_root: bool = False) -> C
 
 @dataclass(slots=True, eq=False)
 class KeptCandidates:
-    """The last full decision's candidates without a match over one list of targets, and what
-    they stay current for: no write to a target or its backend since ``stamp`` (a scan of
-    the stamps finds the few that had one), the clock in ``[lo, hi)`` (every kept view's
-    window), the same waiters ahead and the same peers' sums. A decision then rebuilds only
-    the targets written since and those in ``recheck`` (not kept: a cold model; or a view
-    that read ``replied_at``, which takes no stamp): under load a dispatch or a reply writes
-    one or two targets between two decisions, not 64."""
+    """The last full decision's unmatched candidates over one list of targets, current while
+    the clock is in ``[lo, hi)`` with the same waiters ahead and peers' sums: a decision
+    rebuilds only the targets written since ``stamp`` (under load, one or two) and those in
+    ``recheck`` (a cold model; a view that read ``replied_at``, which takes no stamp)."""
 
     targets: list[Target]
     base: list[Candidate]
@@ -87,23 +75,19 @@ class Candidates:
         self.default_capacity = default_capacity
         #: ``models[].cost_model`` by model name, for backends without their own.
         self.model_costs = model_costs
-        #: Each target's last candidate without a match (``candidate``), with what it was
-        #: built from: its view's kept entry (``State.kept_view``: the stamps and times it is
-        #: current for, and the view), its stamp, the in-flight count with peers' and the
-        #: waiters ahead.
+        #: Each target's last candidate without a match, with what it was built from: its
+        #: view's kept entry (``State.kept_view``), its stamp, the in-flight count with peers'
+        #: and the waiters ahead.
         self.kept: dict[Target, tuple[CachedView, int, int, int, Candidate]] = {}
-        #: Each target's last candidate with a match: (the unmatched candidate it copies, the
-        #: matched tokens, the copy), served again while both are the same.
+        #: Each target's last candidate with a match: (its unmatched base, the matched tokens,
+        #: holds the root, the copy), served again while all are the same.
         self.matched: dict[Target, tuple[Candidate, int, bool, Candidate]] = {}
         #: Each (model, kind)'s kept candidates, for requests that exclude no target.
         self.fleets: dict[tuple[str, str | None], KeptCandidates] = {}
         #: Target sets (``Selection``) whose every target had no free slot, with the last
-        #: backend write then (``BackendState.changes``), the time the views the decision read
-        #: stay current until, and the targets: a waiter of one is passed over without a
-        #: decision while both hold, and until something may free a slot (``Scheduler.kick``:
-        #: a release, a scrape round, peers' gauges; each empties it). A full set gives every
-        #: policy ``enqueue``, so the decision could only repeat itself (at 32 clients about 4
-        #: decisions ran per proxied request).
+        #: backend write then (``BackendState.changes``), the time the views read stay current
+        #: until, and the targets: a waiter of one is passed over without a decision (which
+        #: could only say ``enqueue`` again) while both hold, until ``Scheduler.kick``.
         self.full: dict[Selection, tuple[int, float, tuple[Target, ...]]] = {}
 
     def invalidate(self, default_capacity: int,
@@ -116,10 +100,8 @@ class Candidates:
         self.fleets.clear()
 
     def remember_full(self, sel: Selection, targets: list[Target]) -> None:
-        """Every target of ``sel`` has no free slot now: remember it until the next ``kick``,
-        a backend write, a view the decision read expiring (``State.kept_view``) or a peer's
-        report going stale. Not when a view reads ``replied_at`` (an up-ness that a relayed
-        byte may change)."""
+        """Every target of ``sel`` has no free slot now: remember it in ``full``. Not when a
+        view reads ``replied_at`` (an up-ness that a relayed byte may change)."""
         until = math.inf
         for t in targets:
             e = self.state.kept_view(t)
@@ -133,8 +115,8 @@ class Candidates:
                  matches: dict[int, Match], stale: Container[int], root_bytes: int,
                  held: list[int]) -> tuple[list[Candidate], dict[int, bool], bool]:
         """Every target's candidate as of now, priced with its match (``held``: filled with
-        the targets the index predicts hold the root), from the kept fleet while it is
-        current (``whole``: the request excludes no target), else by a full pass."""
+        the targets predicted to hold the root), from the kept fleet while it is current
+        (``whole``: the request excludes no target), else by a full pass."""
         fkey = (None if not whole or len(targets) < FLEET_MIN_TARGETS else (model, kind))
         fleet = self.fleets.get(fkey) if fkey is not None else None
         hosts = self.hosts
@@ -168,10 +150,8 @@ class Candidates:
                    stale: Container[int], root_bytes: int, held: list[int],
                    fkey: tuple[str, str | None] | None
                    ) -> tuple[list[Candidate], dict[int, bool], bool]:
-        """Every target's candidate, priced with its match (``held``: the targets the index
-        predicts hold the root), kept as ``fkey``'s fleet unless a host may have swapped a
-        model out. ``candidate`` inlined, and ``State.view_at``'s check of a kept
-        view: the clock and the peers' sums read once, not per target."""
+        """``assemble``'s full pass, kept as ``fkey``'s fleet unless a host may have swapped a
+        model out (``candidate`` and ``State.view_at``'s check of a kept view inlined)."""
         cands: list[Candidate] = []
         add = cands.append
         cold: dict[int, bool] = {}
@@ -191,8 +171,7 @@ class Candidates:
             inflight = (t.inflight if peer_inflight is None
                         else t.inflight + peer_inflight.get(tid, 0))
             e = kept.get(t)
-            # The kept candidate holds the kept view it was built from (``State.view_at``'s
-            # entry): while that view is current (the same test as ``view_at``'s), so is it.
+            # The kept candidate is current while its kept view is (``view_at``'s test).
             if (e is not None and (ve := e[0])[0] == t.view_stamp and ve[1] is b
                     and ve[2] == b.stamp and ve[3] <= now < ve[4]
                     and (not ve[5] or ve[6] == b.replied_at) and e[1] == t.stamp
@@ -230,7 +209,6 @@ class Candidates:
                 if root:
                     held.append(tid)
                 if tid not in stale and (matched := m.matched_bytes // BYTES_PER_TOKEN):
-                    # The copy with this match is kept too, while its base is the same.
                     km = kept_matched.get(t)
                     if km is not None and km[0] is c and km[1] == matched and km[2] == root:
                         c = km[3]
@@ -253,8 +231,8 @@ class Candidates:
 
     def from_fleet(self, fleet: KeptCandidates, now: float, queued: int,
                     peer_inflight: dict[int, int] | None) -> list[Candidate]:
-        """The kept fleet's candidates without a match as of now: the targets written since
-        it was kept (their stamps) and those it rechecks are rebuilt, and kept in it."""
+        """The kept fleet's unmatched candidates as of now: those written since or to
+        recheck are rebuilt, and kept in it."""
         last, targets = fleet.stamp, fleet.targets
         dirty = [i for i, t in enumerate(targets)
                  if t.stamp > last or t.backend.stamp > last]
@@ -290,19 +268,11 @@ class Candidates:
 
     def candidate(self, t: Target, inflight: int, queued: int, matched_tokens: int = 0
                   ) -> Candidate:
-        """One target as the policy sees it: occupancy = max(our in-flight, the engine's fresh
-        Running); capacity from the engine, else config, else learned, else the saturation
-        fallback. An engine that has queued for ``QUEUE_ROUNDS`` rounds and still reports a
-        queue is full at what it runs, whatever its capacity says: vLLM admits no request its
-        KV pool cannot hold, so a 64-sequence engine with a small pool queues at 4, and a
-        request sent there waits for one of those 4 to end.
-
-        The candidate without a match is kept per target and served again while its view is
-        the same object (``State.view`` keeps one while current), the target has had no
-        write it reads (``Target.stamp``) and the in-flight count (ours and live peers':
-        occupancy counts everyone) and the waiters
-        ahead are as they were; a match makes a copy with it (``with_match``). A target
-        whose model is cold is built each time (whether it fits reads the other targets)."""
+        """One target as the policy sees it (``build``), kept per target while its view is the
+        same object, the target has had no write it reads (``Target.stamp``) and the in-flight
+        count (ours and live peers') and the waiters ahead are as they were; a match makes a
+        copy (``with_match``). A cold target is built each time: whether it fits reads the
+        other targets."""
         v = self.state.view(t)
         e = self.kept.get(t)
         if (e is not None and e[0][7] is v and e[1] == t.stamp and e[2] == inflight
@@ -320,15 +290,18 @@ class Candidates:
         return c
 
     def build(self, t: Target, v: View, queued: int, inflight: int) -> Candidate:
-        """``candidate`` without a match, from the target's view as of now."""
+        """``candidate`` without a match, from the target's view as of now: occupancy =
+        max(our in-flight, the engine's fresh Running); capacity from the engine, else config,
+        else learned, else the saturation fallback. An engine that has queued for
+        ``QUEUE_ROUNDS`` rounds and still reports a queue is full at what it runs: vLLM admits
+        no request its KV pool cannot hold, so a 64-sequence engine with a small pool queues
+        at 4."""
         engine_running = v.running if v.load_fresh else None
         if engine_running is not None and engine_running > MAX_PLAUSIBLE_CAPACITY:
             engine_running = None  # no engine runs that many: unknown this round, not "full"
         engine_waiting = v.waiting if v.load_fresh else None
         occupied = max(inflight, engine_running or 0)
         capacity = v.capacity or t.backend.spec.capacity or t.learned_capacity
-        # Pharos's own estimate, never seen queued at, the engine without a queue at its last
-        # round (``Candidate.capacity_open``).
         capacity_open = (not v.capacity and not t.backend.spec.capacity
                          and not t.capacity_seen_queue and v.waiting is not None
                          and not engine_waiting)
@@ -375,10 +348,9 @@ class Candidates:
     @staticmethod
     def kv_free(t: Target, v: View) -> int | None:
         """Tokens the engine's KV pool can still give a new prompt: the pool less what its
-        running requests hold (vLLM's usage) less the prompts Pharos sent since that was
-        read, plus what its requests running then have freed since; None unless the engine
-        reports both, and for an engine whose usage counts its cache's fill
-        (``Target.kv_counts_cache``): evictable blocks are room."""
+        running requests hold (vLLM's usage) less the prompts Pharos sent since, plus what
+        its requests then running have freed since. None unless the engine reports both, and
+        where its usage counts its cache's fill (``Target.kv_counts_cache``)."""
         if v.kv_usage is None or v.kv_pool_tokens is None or t.kv_counts_cache:
             return None
         pool = v.kv_pool_tokens

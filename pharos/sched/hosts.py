@@ -1,7 +1,6 @@
-"""Placement memory: what Pharos believes each host holds between its rounds (the model last
-dispatched there, the models a load there was priced as pushing out, a failed load), what
-loads cost there, each model's demand, and the holds and prices placement derives from them
-(the rules themselves are ``pharos.placement``'s)."""
+"""Placement memory: what Pharos believes each host holds between its rounds, what loads cost
+there, each model's demand, and the holds and prices derived from them (the rules themselves
+are ``pharos.placement``'s)."""
 
 from __future__ import annotations
 
@@ -44,11 +43,10 @@ def max_loaded(backend: BackendState) -> int | None:
 
 
 def names_victims(backend: BackendState) -> bool:
-    """Whether Pharos tells the host which idle models a cold load pushes out (``Lease.unload``)
-    rather than leaving the choice to it: Ollama unloads a model on a request with no prompt
-    and ``keep_alive: 0`` (server/routes.go, sched.go ``expireRunner``: its keep-alive becomes
-    0, and a load needing room takes the shortest keep-alive first, ``findRunnerToUnload``).
-    The cost policy only: the baseline policies leave it to the host, as other routers do."""
+    """Whether Pharos tells the host which idle models a cold load pushes out (``Lease.unload``,
+    under the cost policy only): Ollama unloads a model on a request with no prompt and
+    ``keep_alive: 0`` (server/routes.go, sched.go ``expireRunner``: its keep-alive becomes 0,
+    and a load needing room takes the shortest keep-alive first, ``findRunnerToUnload``)."""
     return backend.kind == OLLAMA
 
 
@@ -59,40 +57,34 @@ class Hosts:
         self.state = state
         self.queue = queue
         self.peers = peers
-        #: Load rates per host, each model's demand, and how long an evicted model would have
-        #: stayed loaded (the horizon of its eviction's price).
+        #: Load rates per host, each model's demand, and the keep-alive (eviction horizon).
         self.load_rates = LoadRates()
         self.demand = ModelDemand()
-        #: Each model's slot demand (slot-seconds per second, as ``hot`` counts roots): how
-        #: many slots it keeps busy, for the replica rule (``placement.replica_hold``).
+        #: Each model's slot demand (slot-seconds per second): the slots it keeps busy, for
+        #: the replica rule (``placement.replica_hold``).
         self.slot_demand = ModelDemand(SLOT_DEMAND_HALF_LIFE_SEC)
         self.keep_alive_sec = KEEP_ALIVE_SEC
-        #: Per host, the model last dispatched there, when, and since when it has been the one
-        #: dispatched (its swap-in): on a host that holds one model at a time it is the loaded
-        #: one until a round says otherwise.
+        #: Per host, the model last dispatched there, when, and since when (its swap-in): on a
+        #: one-model host, the loaded one until a round says otherwise.
         self.host_model: dict[str, tuple[str, float, float]] = {}
         #: Per host, the idle models cold dispatches there since its last round were priced as
-        #: pushing out of its memory (``Candidate.victims``), and when the last was: taken as
-        #: cold until a round says what is loaded (a request for one sent there meanwhile pays
-        #: a load that was priced as warm).
+        #: pushing out (``Candidate.victims``), and when the last was: taken as cold until a
+        #: round says what is loaded.
         self.host_evicted: dict[str, tuple[frozenset[str], float]] = {}
-        #: Targets whose load failed, with their host's full round then: no load is tried
-        #: there again until the next full round.
+        #: Targets whose load failed, with their host's full round then (``holds``).
         self.load_failed: dict[int, int] = {}
 
     def demanded(self, model: str, service_sec: float, waited: float, now: float) -> None:
-        """A request for ``model`` dispatched. Its slot demand counts the request's time
-        waiting in Pharos with its service: the requests wanting a slot, not only those
-        holding one (by Little's law), so it can exceed the slots its hosts serve when a queue
-        persists, which is what the replica rule asks (``placement.replica_needed``);
-        counting service alone measured the slots already busy, never more than there are."""
+        """A request for ``model`` dispatched. Its slot demand counts the request's wait in
+        Pharos with its service (Little's law over the requests wanting a slot), so it can
+        exceed the slots its hosts serve while a queue persists: what the replica rule asks."""
         self.demand.add(model, now)
         self.slot_demand.add(model, now, max(0.0, waited) + service_sec)
 
     def dispatched(self, lease: Lease, placed: Placement, now: float) -> None:
         """A lease granted on a host that may swap: its model is the one there now, and the
-        idle models its load was priced as pushing out are taken as gone (named to the host
-        to unload, ``Lease.unload``, where Pharos chooses them)."""
+        idle models its load was priced as pushing out are taken as gone (``Lease.unload``
+        names them where Pharos chooses)."""
         target = lease.target
         b = target.backend
         hm = self.host_model.get(b.url)
@@ -115,25 +107,22 @@ class Hosts:
             del self.host_evicted[b.url]
 
     def failed_load(self, t: Target) -> None:
-        """A cold dispatch to ``t`` failed: its host is not asked to load the model again
-        until its next full round (``_holds``), and its last model is no longer taken as
-        this one."""
+        """A cold dispatch to ``t`` failed: no load there until its next full round
+        (``holds``), and its last model is no longer taken as this one."""
         self.load_failed[t.id] = t.backend.full_round
         hm = self.host_model.get(t.backend.url)
         if hm is not None and hm[0] == t.model:
             del self.host_model[t.backend.url]
 
     def median_size(self) -> int | None:
-        """The median size of the models the fleet reports one for (None: none does): what
-        a model of unknown size is taken to weigh when it loads."""
+        """The median model size the fleet reports (None: none): an unknown size's stand-in."""
         sizes = sorted({t.model: s for t in self.state.targets
                         if (s := self.state.view(t).size_bytes)}.values())
         return sizes[len(sizes) // 2] if sizes else None
 
     def swapped_out(self, t: Target, v: View, host: tuple[str, float, float]) -> bool:
-        """A later dispatch of another model to ``t``'s host (``host_model``), not yet seen
-        by a round, pushed ``t``'s model out: the host holds one model at a time (llama-swap)
-        or the two do not fit in its memory together."""
+        """A later dispatch of another model to ``t``'s host, not yet seen by a round, pushed
+        ``t``'s model out: one model at a time (llama-swap), or the two do not fit."""
         model, at, _ = host
         b = t.backend
         if b.full_at is not None and b.full_at > at:
@@ -157,12 +146,9 @@ class Hosts:
 
     def holds(self, req: SchedRequest, cands: list[Candidate], cold: dict[int, bool],
               now: float, waited: float, routing: RouteSettings) -> list[Candidate]:
-        """Placement's holds (``Candidate.held`` sets the candidate aside with the
-        reason): a host whose load failed is not tried again until its next full round; a
-        host draining for a model that has waited past the bound takes no other model; a
-        copy of a model warm elsewhere waits for a warm slot while that is cheaper for the
-        fleet (``placement.replica_hold``); and a swap waits while the model it pushes out
-        has requests queued (``placement.swap_hold``)."""
+        """Placement's holds (``Candidate.held``): a failed load waits for the host's next
+        full round, a draining host takes no other model (``drains``), and the replica and
+        swap holds of ``pharos.placement``."""
         rule, targets = routing.guards.placement, self.state.targets
         drains = self.drains(now, rule) if self.queue.model_waiters else {}
         if not drains and not any(cold.values()):
@@ -223,20 +209,16 @@ class Hosts:
 
     def in_batch(self, url: str, model: str, queued_at: float) -> bool:
         """A request for ``model`` that queued at ``queued_at`` is in the batch of the host's
-        loaded model: it is that model, and the request queued before the host swapped to it.
-        Past the wait bound, a model that drained a host keeps it for its batch (then the
-        longest waiting model gets it), so swaps stay grouped under overload while every
-        request's wait stays bounded (by the bound and the batches ahead of it)."""
+        loaded model (it queued before the swap): past the wait bound, the batch keeps the
+        host, so swaps stay grouped under overload."""
         hm = self.host_model.get(url)
         return hm is not None and hm[0] == model and queued_at <= hm[2]
 
     def drains(self, now: float, rule: ReplicaRule) -> dict[str, tuple[str, float]]:
-        """Hosts draining for a swap: per model whose oldest waiter has
-        waited past the bound with no host it can load on now (and is its key's head, or
-        within reach of swap grouping's passing), the host it gets (the one
-        with the fewest requests in flight, then the lowest target id), with that model and
-        the wait; the longest waiting first. A request for another model is held off that
-        host until the load goes."""
+        """Hosts draining for a swap: per model whose oldest waiter (its key's head, or within
+        swap grouping's reach) has waited past the bound with no host to load on now, the
+        host with the fewest requests in flight (then the lowest target id), with that model
+        and the wait; the longest waiting first."""
         bound = rule.wait_bound_sec
         reach = PASS_LIMIT if rule.swap_grouping else 0
         out: dict[str, tuple[str, float]] = {}
@@ -271,9 +253,8 @@ class Hosts:
             self.load_rates.learn(t.backend.url, self.state.view(t).size_bytes, load_sec)
 
     def load_estimate(self, t: Target, size: int | None) -> tuple[float | None, str | None]:
-        """The target's load seconds: learned, else from its model's size at its host's
-        learned rate (then the fleet's, then the default: ``LoadRates``), with the
-        estimate's basis; (None, None) when neither is known."""
+        """The target's load seconds, learned or from its model's size (``LoadRates``), with
+        the estimate's basis; (None, None) when neither is known."""
         learned = t.stats.load_sec.value
         if learned is not None:
             return learned, None
@@ -285,12 +266,10 @@ class Hosts:
     def priced(self, c: Candidate, now: float, policy: PolicyConfig, name: bool = True
                ) -> Candidate:
         """A cold candidate with its eviction price: the idle models its load would push out
-        of the host's memory (``placement.victims``: none when it fits beside them; unknown
-        without a size or ``memory_gb``, then nothing is priced) and the reloads their recent
-        demand makes likely within the keep-alive horizon (``placement.reload_price``,
-        ``placement.horizon``). Models an earlier load there was priced as pushing out since
-        the host's last full round (``host_evicted``) are not counted: the round still lists
-        them, and counting them priced a second victim that was gone."""
+        (``placement.victims``; nothing priced without a size or ``memory_gb``) and the
+        reloads their recent demand makes likely (``placement.reload_price``). Models already
+        priced as pushed out since the host's last full round (``host_evicted``) are not
+        counted: the round still lists them, but they are gone."""
         if c.fits_if_cold is False:
             return c  # set aside: the load waits for a model to go idle
         t = self.state.targets[c.target_id]

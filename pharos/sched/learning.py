@@ -1,7 +1,6 @@
-"""Learning around decisions: what each reply teaches the prefix index (a record, a
-correction, a forgotten prompt, each outcome counted), the roots sent to each engine's cache
-(``pharos.retention``) and the hot ones (``pharos.hot``), each session's last target, each
-target's capacity, and the seconds between releases."""
+"""Learning around decisions: what each reply teaches the prefix index, the roots sent to each
+engine's cache (``pharos.retention``) and the hot ones (``pharos.hot``), each session's last
+target and each target's capacity."""
 
 from __future__ import annotations
 
@@ -37,28 +36,24 @@ from pharos.state.registry import BackendState, Target
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
-#: KV usage (the share of blocks running requests hold, as vLLM counts it) at or above which
-#: an engine queue is taken as waiting for blocks, not for a sequence slot (assumed: a pool
-#: this full has no room for one more prompt of a few percent of it).
+#: KV usage (vLLM's: blocks running requests hold) at or above which an engine queue waits
+#: for blocks, not for a sequence slot (assumed: no room for one more prompt).
 KV_BOUND_USAGE = 0.8
-#: KV usage above which an engine running and queueing nothing (and with nothing of Pharos's
-#: in flight) counts its cache's fill: vLLM and SGLang count only blocks running requests
-#: hold (0 at rest, seen in the live captures), a cache-fill count stays near 1 once the pool
-#: has cycled.
+#: KV usage above which an idle engine counts its cache's fill: vLLM and SGLang count only
+#: blocks running requests hold (0 at rest); a cache-fill count stays near 1.
 KV_AT_REST_CACHE = 0.5
 #: Rounds in a row with requests finding a target full and its engine queueing nothing before
-#: a capacity an engine queue set is tried past again: a queue seen once (a burst at start, a
-#: stalled VM) pinned a 64-sequence engine at 4 slots for good. At a real --max-num-seqs the
-#: retry parks one request in the engine's queue for two rounds every this many (assumed).
+#: a capacity an engine queue set is tried past again, so a queue seen once (a burst) does not
+#: pin it for good. At a real --max-num-seqs the retry parks one request in the engine's queue
+#: for two rounds every this many (assumed).
 REPROBE_ROUNDS = 10
 #: A root prefix shorter than this (estimated tokens) is not worth spreading.
 HOT_MIN_TOKENS = 256
 
 
 def release_sec(candidates: tuple[Candidate, ...]) -> float | None:
-        """The mean seconds between releases on ``candidates`` (their slots over their
-        learned service times, the mean of those learned where one is not yet), which sizes
-        the room (``pharos.fairq.room_for``); None while none is learned."""
+        """The mean seconds between releases on ``candidates`` (slots over learned service
+        times), which sizes the room (``pharos.fairq.room_for``); None while none is learned."""
         known = [v for c in candidates if (v := c.service_sec)]
         if not known:
             return None
@@ -70,7 +65,7 @@ def release_sec(candidates: tuple[Candidate, ...]) -> float | None:
 class Learning:
     """The prefix index and root caches as replies teach them, sessions, outcomes and
     capacities. ``on_prefix`` is told of every prefix record and correction this process
-    makes, for the peers (``PeerNode.push``: appends to bounded lists, never waits)."""
+    makes, for the peers (it must not wait)."""
 
     def __init__(self, state: State, index: PrefixIndex,
                  on_prefix: Callable[[PrefixOp], None] | None) -> None:
@@ -79,8 +74,8 @@ class Learning:
         self.on_prefix = on_prefix
         self.hot = HotPrefixes()
         self.roots = RootCaches()
-        self._root_gens: dict[int, int] = {}  # target -> the generation its roots were sent to
-        # A plain dict in LRU order (an OrderedDict of 100k sessions was 17 MB, this is 9).
+        self._root_gens: dict[int, int] = {}  # target -> the gen its roots were sent to
+        # A plain dict in LRU order (about half an OrderedDict's memory).
         self.sessions: dict[int, int] = {}
         #: Every finished request's prefix outcome (the ``prefix`` metric).
         self.outcomes: Counter[str] = Counter()
@@ -115,8 +110,7 @@ class Learning:
         return ahead
 
     def first_byte(self, lease: Lease) -> None:
-        """The first byte of a reply: an engine that shares its prefix cache across requests
-        holds the prompt from now on."""
+        """The first byte of a reply: a ``SHARED_CACHE_KINDS`` engine holds the prompt now."""
         t = lease.target
         if lease.chain and t.backend.kind in SHARED_CACHE_KINDS:
             now = self.state.clock.seconds()
@@ -124,8 +118,8 @@ class Learning:
             self._push(lease.chain, t, now, False)
 
     def learn(self, lease: Lease, sample: Sample) -> None:
-        """What the reply teaches the prefix index : record a success, correct a
-        wrong prediction, forget an error reply; count the outcome."""
+        """What the reply teaches the prefix index: record a success, correct a wrong
+        prediction, forget an error reply; count the outcome."""
         chain = lease.chain
         if not chain:
             return
@@ -160,8 +154,7 @@ class Learning:
 
     def roots_gen(self, tid: int, gen: int, now: float) -> None:
         """A new engine process (another generation): its cache started empty. The first
-        generation seen is taken as the one ``roots`` describes (restored from a snapshot,
-        as the prefix index's restored slots are)."""
+        generation seen is taken as the one ``roots`` describes (restored from a snapshot)."""
         seen = self._root_gens.get(tid)
         if seen != gen:
             if seen is not None:
@@ -171,9 +164,8 @@ class Learning:
     def evicted_since(self, req: SchedRequest, matches: dict[int, Match], guards: Guards
                       ) -> set[int]:
         """The targets the index predicts hold the request's root but whose learned retention
-        says they have pushed it out since (more root tokens went there after it than the
-        cache keeps): the index learns of an eviction only from the next reply, and a stale
-        prediction on two holders tied and lost to the one that had evicted it."""
+        says they have pushed it out since: the index learns of an eviction only from the
+        next reply, and until then the stale prediction would price them as holders."""
         if not guards.eviction_pricing or not self.roots.retained:
             return set()  # off, or no target's retention known: ``pushed_out`` is False
         root, root_bytes, roots = req.chain.keys[0], req.chain.ends[0], self.roots
@@ -182,10 +174,9 @@ class Learning:
 
     def evictions(self, req: SchedRequest, cands: list[Candidate],
                    matches: dict[int, Match], owners: frozenset[int]) -> dict[int, int]:
-        """Per candidate that does not hold the request's root, the tokens of the live roots
-        it would push out of its cache that no other candidate holds (``pharos.retention``):
-        the prefill a later request pays for them. A hot root's extra owners are meant to
-        take it in, and are not priced."""
+        """Per candidate that does not hold the request's root (nor is a hot root's extra
+        owner), the tokens of the live roots it would push out of its cache that no other
+        candidate holds (``pharos.retention``)."""
         chain, roots = req.chain, self.roots
         retained = roots.retained
         out: dict[int, int] = {}
@@ -215,10 +206,9 @@ class Learning:
 
     def hot_owners(self, req: SchedRequest, cands: list[Candidate], held: list[int],
                    guards: Guards) -> frozenset[int]:
-        """The targets to price as holding the request's root prefix although they do not:
-        when the root's demand needs ``k`` owners and fewer hold it (``held``: the candidates
-        the index predicts hold it), the next ones in a rendezvous order of (root, target),
-        so the extra owners are the same every time and their caches become real."""
+        """The targets to price as holding the request's root although they do not: when its
+        demand needs ``k`` owners and fewer hold it, the next in a rendezvous order of (root,
+        target), so the extra owners are the same every time and their caches become real."""
         utilization = guards.hot_prefix_utilization
         chain = req.chain
         if utilization is None or not chain or len(cands) < 2:
@@ -252,20 +242,15 @@ class Learning:
 
     def learn_capacity(self, backend: BackendState, default_capacity: int) -> None:
         """After a scrape round: learn the capacity of the backend's targets that report none
-        (vLLM exports no max-num-seqs). A count seen running at once is never unlearned;
-        when a request came while the target had no free slot (since the last round) and the
-        engine reports no queue, one more slot is tried; when the engine queues (two rounds in a
-        row), its Running is the capacity (but never below what it was seen running), and no
-        more slots are tried (it still rises to a higher count seen running) until
-        ``REPROBE_ROUNDS`` rounds in a row find the target full and the engine without a
-        queue. A queue while the engine's KV pool is (nearly) full is a wait for blocks,
-        which sets nothing."""
+        (vLLM exports no max-num-seqs). A count seen running at once is never unlearned; a
+        target found full with no engine queue tries one more slot; an engine queue (two
+        rounds, KV to spare) sets the capacity to what it runs, and stops the tries until
+        ``REPROBE_ROUNDS`` quiet rounds."""
         for t in self.state.targets:
             if t.backend is not backend:
                 continue
             v = self.state.view(t)
-            # This round's counts hold as evidence even when a reply ended since (the view's
-            # load_fresh): a queue seen at the scrape was a queue.
+            # This round's counts hold even when a reply ended since: a queue seen was a queue.
             running, queued = v.running, v.waiting
             # Counted for every target: one whose engine queues is full whatever its capacity
             # says (``candidate``).
@@ -289,9 +274,8 @@ class Learning:
             if (t.backend.failing is not None or running is None
                     or not 0 <= running <= MAX_PLAUSIBLE_CAPACITY):
                 # The engine's counts are unknown this round (a busy engine answering /metrics
-                # late): nothing forgotten, and Pharos's own counts are evidence. Every request
-                # of its in flight there has its first byte, so the engine runs them all and
-                # queues none: while its replies flow, try one more as "no queue" would.
+                # late): Pharos's own are evidence. Every request of its in flight there has its
+                # first byte, so the engine queues none: while replies flow, try one more.
                 if (pressed and not t.capacity_seen_queue and t.inflight > 0
                         and t.unstarted == 0
                         and self.state.replying(t.backend, self.state.clock.seconds())):
@@ -311,19 +295,16 @@ class Learning:
                 learned = max(seen, 1)
                 t.capacity_seen_queue = True
             elif t.queue_rounds >= QUEUE_ROUNDS:
-                # A queue behind a KV pool its running requests hold (nearly) all of says
-                # nothing of the sequence cap: vLLM admits no request its free blocks cannot
-                # hold, so a 64-sequence engine with a small pool queues at 4 long prompts and
-                # runs 20 short ones. ``candidate`` takes it as full while the queue lasts.
+                # A queue behind a (nearly) full KV pool says nothing of the sequence cap: vLLM
+                # admits no request its free blocks cannot hold. ``candidate`` takes it as full
+                # while the queue lasts.
                 if seen <= base:
                     continue
                 learned = seen
             elif not t.capacity_seen_queue and queued == 0 and pressed:
-                # A request came while Pharos saw no free slot here since the last round (it
-                # waited, or went elsewhere; read at the round alone, bursts of short requests
-                # were missed), and the engine has no queue of its own: try one more. Leases on
-                # replies the engine has finished (a slow client) fill slots too: the engine
-                # has room then. Once it has queued, no slot is tried past its Running.
+                # A request found no free slot here since the last round and the engine has no
+                # queue (leases on replies it has finished fill slots too): try one more. Once
+                # it has queued, no slot is tried past its Running.
                 learned = base + 1
             elif seen > base:
                 learned = seen  # it ran more than that at once (clients bypassing Pharos)

@@ -52,19 +52,16 @@ class Lease:
     prefill_window_sec: float | None = None
     granted_at: float = 0.0
     moved_at: float | None = None  # the last byte of its reply relayed (the watchdog's clue)
-    #: Root tokens of the other roots sent to the target since this root was last used there
-    #: (None: it was not held there): what the reply's cached tokens teach retention.
+    #: ``RootCaches.sent``'s answer: what the reply's cached tokens teach retention.
     root_ahead: int | None = None
     #: Its reply's prefix outcome (the ``prefix`` metric), once released with a sample.
     prefix: str | None = None
     #: The policy that routed it (``x-pharos-policy``, metrics).
     policy: str = ""
-    #: Its reply is streamed (``SchedRequest.stream``): its first byte holds its target's
-    #: pacing until then (``Target.unstarted_streams``).
+    #: Its reply is streamed: it holds its target's pacing until its first byte.
     stream: bool = False
     #: The idle models (as the host names them) its cold load pushes out, which the proxy asks
-    #: the host to unload before sending it (``names_victims``): the ones Pharos priced as the
-    #: cheapest to lose, not whichever the host would take.
+    #: the host to unload first (``names_victims``): those Pharos priced cheapest to lose.
     unload: tuple[str, ...] = ()
 
     def touch(self) -> None:
@@ -72,8 +69,7 @@ class Lease:
         self.moved_at = self.target.backend.replied_at = self.clock.seconds()
 
     def first_byte(self) -> None:
-        """The engine answered: its prefill is no longer queued on the target, and an engine
-        that shares its cache across requests holds the prompt from now on."""
+        """The engine answered: its prefill is no longer queued on the target."""
         if self.started or self.released:
             return
         self.started = True
@@ -94,20 +90,17 @@ class Lease:
         self.released = True
         t = self.target
         t.inflight -= 1
-        # Its own blocks, and its root's once no other request there has that root (the
-        # first of them was charged the root; the last to end gives it back).
+        # Its own blocks, and its root's once no other request there has that root.
         back = self.kv_tokens - self.kv_root
         if self.chain:
             back += self.owner.root_ended(t.id, self.chain.keys[0])
         if back:
             if self.kv_round is None or self.kv_round == t.kv_round:
-                # Still counted in ``kv_sent_tokens`` (sent, or started, since the last
-                # round): its blocks are free in the engine now, and the next round's usage
-                # will not show them.
+                # Still counted in ``kv_sent_tokens`` (sent since the last round): its blocks
+                # are free now, and the next round's usage will not show them.
                 t.kv_sent_tokens = max(0, t.kv_sent_tokens - back)
             else:
-                # It ran at the last round, whose usage shows its blocks: free now, room
-                # until the next round reads the usage again (else a small pool whose short
-                # requests end within a round looks full for the rest of it).
+                # It ran at the last round, whose usage shows its blocks: room until the next
+                # round (else a small pool of short requests looks full for the round).
                 t.kv_freed_tokens += back
         self.owner.released(self, sample)

@@ -1,6 +1,5 @@
-"""Peer gauges: the other instances' last reports (their requests in flight per target and
-waiters per model), summed over the live ones for occupancy, and their prefix records and
-dispatches applied to this instance's index and root caches."""
+"""Peer gauges: the other instances' last reports, summed over the live ones for occupancy,
+and their prefix records and dispatches applied to this instance's index and root caches."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from pharos.sched.queue import WaitQueue
 from pharos.sched.request import PEER_SILENCE_SEC, SHARED_CACHE_KINDS, RouteSettings
 from pharos.state.state import State
 
-#: Entries one peer's gauges may hold (targets plus models): far above any fleet, so a peer
-#: sending more is broken or hostile and its report is refused.
+#: Entries one peer's gauges may hold: far above any fleet (more is refused).
 MAX_GAUGE_ENTRIES = 10_000
 
 
@@ -43,8 +41,7 @@ def _gauge_counts(raw: object, name: str) -> dict[str, int]:
 
 @dataclass(slots=True)
 class PeerGauges:
-    """One peer's last report : its in-flight requests per target key and waiters per
-    model, and when (on this process's clock) it arrived."""
+    """One peer's last report and when (on this process's clock) it arrived."""
 
     heard_at: float
     inflight: dict[str, int]
@@ -52,8 +49,8 @@ class PeerGauges:
 
 
 class PeerLoad:
-    """Peers' gauges by origin (``peers``) and their sums over the live ones by target id and
-    by model, recomputed when a report arrives or goes stale, not per decision."""
+    """Peers' gauges by origin and their sums over the live ones by target id and by model,
+    recomputed when a report arrives or goes stale, not per decision."""
 
     def __init__(self, state: State, learning: Learning, queue: WaitQueue,
                  kick: Callable[[], None]) -> None:
@@ -69,15 +66,13 @@ class PeerLoad:
         self._key_ids: dict[str, int] = {}
 
     def export(self) -> dict[str, dict[str, int]]:
-        """This process's own gauges, absolute: in-flight requests per target key, waiters
-        per model."""
+        """This process's own gauges: in-flight requests per target key, waiters per model."""
         return {"inflight": {t.key: t.inflight for t in self.state.targets if t.inflight > 0},
                 "waiting": dict(self.queue.waiting_models)}
 
     def merge(self, origin: str, gauges: Mapping[str, object], now: float) -> None:
-        """A peer's report replaces its previous one; raises ``GaugeError`` (and keeps the
-        previous report) when it is malformed. Targets this process has not seen yet are
-        kept by key and count once they appear. A freed slot re-runs the queue."""
+        """A peer's report replaces its previous one (a malformed one raises ``GaugeError``
+        and changes nothing); targets not seen here yet count once they appear."""
         inflight = _gauge_counts(gauges.get("inflight"), "inflight")
         waiting = _gauge_counts(gauges.get("waiting"), "waiting")
         self.peers[origin] = PeerGauges(now, inflight, waiting)
@@ -109,12 +104,9 @@ class PeerLoad:
 
     def merge_prefix(self, ops: list[PrefixOp], now: float, *, roots: bool = True) -> int:
         """Apply a peer's prefix ops as local records and corrections (``PrefixIndex.merge``);
-        returns how many were dropped (targets not known here). A record also notes its root
-        as sent to its target in ``roots`` (when the root's size is known here): each
-        engine's cache takes every instance's prompts, and retention learned, stale
-        predictions and eviction pricing would count only this instance's. ``roots=False``:
-        the peer tells its sends at dispatch (``merge_dispatched``), so its records are not
-        sends again."""
+        returns how many were dropped. A record also notes its root as sent to its target in
+        ``roots`` (each engine's cache takes every instance's prompts). ``roots=False``: the
+        peer tells its sends at dispatch (``merge_dispatched``)."""
         learning = self.learning
         dropped = learning.index.merge(ops, self.target_id, learning.gen, now, source="peer")
         if not roots:
@@ -132,14 +124,9 @@ class PeerLoad:
         return dropped
 
     def merge_dispatched(self, ops: list[PrefixOp], now: float, routing: RouteSettings) -> int:
-        """A peer's dispatches, told when it sent them (before any byte came back): each root
-        is sent to its target in ``roots`` (in the order the engines took them, not a first
-        byte later), counts in the root's demand (``hot``), and on an engine whose cache
-        serves every request once the prompt is scheduled (``SHARED_CACHE_KINDS``) is
-        recorded in the index as a peer slot, so two instances do not put one new root into
-        two caches. The peer's first-byte and release records confirm it; its correction or
-        error removal (and a wrong prediction here) drops it. Returns how many were dropped
-        (targets or generations not known here)."""
+        """A peer's dispatches, told before any byte came back: each root is sent to its
+        target in ``roots``, counts in its demand (``hot``), and on a ``SHARED_CACHE_KINDS``
+        engine is a peer slot (no two instances put one new root into two caches)."""
         learning = self.learning
         dropped = 0
         record: list[PrefixOp] = []
@@ -167,8 +154,8 @@ class PeerLoad:
         return dropped
 
     def refresh(self) -> None:
-        """Re-sum the live peers' gauges when one went stale, a report arrived, a target
-        appeared, or the clock went back; a peer silent ``PEER_SILENCE_SEC`` is dropped."""
+        """Re-sum the live peers' gauges when needed; a peer silent ``PEER_SILENCE_SEC`` is
+        dropped."""
         now = self.state.clock.seconds()
         if (self._since <= now < self.until
                 and len(self._key_ids) == len(self.state.targets)):

@@ -1,9 +1,6 @@
-"""The wait queue: the fair queue's waiters, the leases granted from it, and the KV a lease
-takes on its target.
-
-A request that cannot be placed waits in its key's FIFO; keys are served by deficit
-round-robin on their weights (``pharos.fairq``), and every freed slot (and every scrape round)
-re-runs the next waiters through the scheduler's placement (``Placer``)."""
+"""The wait queue: the fair queue's waiters (``pharos.fairq``), the leases granted from it,
+and the KV a lease takes on its target. Every freed slot (and scrape round) re-runs the next
+waiters through the scheduler's placement (``Placer``)."""
 
 from __future__ import annotations
 
@@ -23,19 +20,16 @@ from pharos.sched.request import PACE_MAX_SEC, PASS_LIMIT, Placement, QueueFull,
 from pharos.state.registry import Target
 from pharos.state.state import State
 
-#: The fair queue's cost of a request (``request_cost``), in decode tokens: a prompt token
-#: costs this fraction of one (assumed: batched prefill runs about ten tokens in the engine
-#: time of one decode step's token); an output limit counts at most ``MAX_COST_OUTPUT_TOKENS``
-#: (a ``max_tokens`` of 10^9 is not a billion tokens of work) and, unset, ``DEFAULT_OUTPUT_TOKENS``.
+#: The fair queue's cost of a request (``request_cost``), in decode tokens: this many prompt
+#: tokens cost one (assumed: batched prefill runs about ten tokens in a decode step's time); an
+#: output limit counts at most ``MAX_COST_OUTPUT_TOKENS`` and, unset, ``DEFAULT_OUTPUT_TOKENS``.
 PREFILL_TOKENS_PER_DECODE_TOKEN = 10
 MAX_COST_OUTPUT_TOKENS = 4096
 DEFAULT_OUTPUT_TOKENS = 256
 
 
 def request_cost(req: SchedRequest) -> float:
-    """A request's work for the fair queue, in decode tokens: its output (the client's
-    ``max_tokens``, capped, else ``DEFAULT_OUTPUT_TOKENS``) plus its prompt at
-    ``PREFILL_TOKENS_PER_DECODE_TOKEN``."""
+    """A request's work for the fair queue, in decode tokens: its output plus its prompt."""
     out = req.output_tokens
     output = DEFAULT_OUTPUT_TOKENS if out is None else min(out, MAX_COST_OUTPUT_TOKENS)
     return 1.0 + output + req.prompt_tokens / PREFILL_TOKENS_PER_DECODE_TOKEN
@@ -55,9 +49,7 @@ class Waiter:
 
 
 class Placer(Protocol):
-    """What the queue asks of the scheduler: to place a waiter now, to decide over a subset
-    of targets (pacing), whether a later waiter may pass a blocked head, and to re-run the
-    queue once something may have freed a slot."""
+    """What the queue asks of the scheduler."""
 
     def place(self, w: Waiter) -> Lease | None:
         """A lease for the waiter now, or None (it waits)."""
@@ -86,24 +78,20 @@ class WaitQueue:
         self.model_waiters: dict[str, dict[Waiter, float]] = {}
         self.waiting_models: Counter[str] = Counter()  # waiters by model (the policy's queued)
         self._serving = False
-        #: Grants held back by pacing (a key over its share waits for the prefills already
-        #: sent to its target to start), and the call that retries them when no first byte
-        #: comes before the predicted one (a reply that is not streamed).
+        #: Grants held back by pacing, and the call that retries them if no first byte comes.
         self.paced = 0
         self._pace_call: IDelayedCall | None = None
-        #: Leases held now, for the watchdog; when a request last started or a lease was
-        #: last given back (a queue with neither for long is wedged: /healthz).
+        #: Leases held now, for the watchdog; when a request last started or a lease came
+        #: back (a queue with neither for long is wedged: /healthz).
         self.leases: set[Lease] = set()
         self.granted_at: float | None = None
         self.released_at: float | None = None
         self.waiting_since: float | None = None
         #: Leases the watchdog found stuck (held past the drain timeout, no byte moving).
         self.stuck = 0
-        #: Leases in flight by (target, root prefix): a prompt whose root another of them
-        #: holds there finds its cached blocks already in the engine's KV usage.
+        #: Leases in flight by (target, root prefix): the root's blocks are counted once.
         self.roots_inflight: Counter[tuple[int, int]] = Counter()
-        #: The root tokens the first of them was charged (``kv_tokens``), given back when
-        #: the last one ends.
+        #: The root tokens the first of them was charged, given back when the last one ends.
         self.root_charge: dict[tuple[int, int], int] = {}
 
     @property
@@ -164,8 +152,7 @@ class WaitQueue:
     # --- serving the fair queue ----------------------------------------------------------
 
     def serve(self) -> None:
-        """Serve waiters while slots allow, in the fair queue's order; a key whose head
-        waiter cannot be placed now is passed over without losing its place."""
+        """Serve waiters while slots allow (``Scheduler.kick``)."""
         if self._serving:
             return
         self._serving = True
@@ -198,9 +185,7 @@ class WaitQueue:
         """Swap grouping: a key whose head cannot be placed (its model cold where the loaded
         model is busy, or its swap held) lets a later waiter of another model go first, so
         the loaded model's queued requests are served before a swap; the head keeps its
-        place, and the wait bound (``placement.drain_hold``) stops the loaded model from
-        taking its host for ever. Off without ``swap_grouping`` or under another policy
-        than cost (``Placer.passing``)."""
+        place, and the wait bound (``placement.drain_hold``) bounds its wait."""
         if len(self.model_waiters) < 2 or not self.placer.passing():
             return None, head  # (every waiter is of the head's model: none may pass it)
         tried: set[str] = {head.req.model}
@@ -218,13 +203,10 @@ class WaitQueue:
         """Pacing: a key over its share, while a key under its share is active, sends a
         target no prefill while the prefills already sent there have not started. A
         vLLM-like engine runs the prompts joining a step with its decodes, so each prefill a
-        flooding key adds to a step delays the light key's requests arriving during it or
-        joining it; one at a time per target bounds that to one prompt. The light key's own
-        unstarted request holds its target too, so no flooding prefill joins its first step.
-        Streamed requests only (``Target.unstarted_streams``): their first byte says their
-        prefill ended. A held target's request goes to the best target not held, or waits
-        for a first byte (at most ``PACE_MAX_SEC`` after the last streamed send). Returns
-        the placement to use, or None to wait."""
+        flooding key adds to a step delays the light key's requests; one at a time per target
+        bounds that to one prompt (the light key's own unstarted request holds its target
+        too). Streamed requests only: their first byte says their prefill ended. The request
+        goes to the best target not held, or waits (at most ``PACE_MAX_SEC``): None."""
         now = self.state.clock.seconds()
         if now >= target.pace_until or not self.shares.over_share(
                 w.key, sum(c.capacity for c in placed.candidates), now):
@@ -267,11 +249,10 @@ class WaitQueue:
         self.leases.add(lease)
 
     def _kv_tokens(self, req: SchedRequest, tid: int, predicted: int) -> tuple[int, int]:
-        """The KV a prompt takes on its target that the engine's last reported usage does
-        not show, and the part of it that is its root's: its uncached tokens, and its
-        predicted cached ones too unless another request in flight there has the same root.
-        vLLM's usage counts the blocks of running requests: a cached prefix no running
-        request holds is free (evictable) there, and held once this prompt runs."""
+        """The KV a prompt takes on its target that the engine's last usage does not show, and
+        its root's part: all its tokens, less its predicted cached ones when another request
+        in flight there has the same root. vLLM's usage counts running requests' blocks: a
+        cached prefix none holds is free there, and held once this prompt runs."""
         tokens = max(0, req.prompt_tokens)
         if not req.chain:
             return tokens, 0
@@ -285,8 +266,7 @@ class WaitQueue:
         return tokens, root
 
     def root_ended(self, tid: int, root: int) -> int:
-        """A lease with this root on this target ended (``roots_inflight``): the root's
-        tokens its first lease was charged when it was the last one, else 0."""
+        """A lease with this root on this target ended: the root's charge if it was the last."""
         key = (tid, root)
         n = self.roots_inflight[key] - 1
         if n > 0:
@@ -306,8 +286,8 @@ class WaitQueue:
                                  if t.unstarted > 0 else 0)
 
     def ended(self, lease: Lease, now: float) -> None:
-        """A lease given back: off its key's share and the watchdog's set; its prefill off
-        its target's queue if no first byte came."""
+        """A lease given back: off its key's share, the watchdog's set and (no first byte
+        yet) its target's queue."""
         self.shares.ended(lease.key)
         self.leases.discard(lease)
         self.released_at = now

@@ -1,5 +1,4 @@
-"""The scheduler's vocabulary: what a request asks of it, the settings it routes with, what a
-decision hands back, its errors and the constants its parts share."""
+"""The scheduler's vocabulary: requests, settings, placements, errors and shared constants."""
 
 from __future__ import annotations
 
@@ -16,14 +15,12 @@ QUEUE_LIMIT = 1000
 #: Slots of a target whose engine and config say nothing: saturated after this many requests
 #: or as soon as the engine reports a queue (assumed).
 DEFAULT_CAPACITY = 2
-#: A Running count above this is not a capacity any engine has: the round's count is taken
-#: as unknown for learning (a broken or hostile metrics page).
+#: A Running count above this is no engine's: taken as unknown (a broken metrics page).
 MAX_PLAUSIBLE_CAPACITY = 4096
 #: Consecutive rounds with an engine queue before its Running is taken as the capacity.
 QUEUE_ROUNDS = 2
 #: Fleets of fewer targets are decided by the full pass alone: the kept fleet's scan and
-#: upkeep cost more than testing a few kept candidates (a 1-target fleet's acquire and
-#: release took 53 us with the full pass, 58-73 us with the kept fleet).
+#: upkeep cost more than testing a few kept candidates.
 FLEET_MIN_TARGETS = 8
 #: Where a target's capacity came from (explain, doctor).
 CAPACITY_ENGINE, CAPACITY_CONFIG, CAPACITY_LEARNED, CAPACITY_DEFAULT = (
@@ -32,8 +29,8 @@ CAPACITY_ENGINE, CAPACITY_CONFIG, CAPACITY_LEARNED, CAPACITY_DEFAULT = (
 SESSIONS = 100_000
 #: Engines whose prefix cache serves every request as soon as a prompt is computed, so a
 #: prompt is recorded at its reply's first byte: vLLM (live test
-#: test_prefix_is_shared_from_the_first_token). llama.cpp and Ollama cache per slot and are
-#: recorded when the reply ends (measured).
+#: test_prefix_is_shared_from_the_first_token). llama.cpp and Ollama cache per slot: recorded
+#: when the reply ends.
 SHARED_CACHE_KINDS = frozenset({"vllm"})
 #: A peer's gauges count until it has been silent this long.
 PEER_SILENCE_SEC = 2.0
@@ -42,12 +39,10 @@ PASS_LIMIT = 64
 #: The longest pacing holds a target for a key over its share after a streamed request was
 #: sent there, if no first byte comes sooner (an engine that stalls is the watchdog's).
 #: Assumed. A reply that is not streamed holds nothing: its first byte is its last, and a
-#: predicted TTFT in its place would throttle the flooding key wherever the prediction is
-#: long (a layer-1 overload test lost a third of its heavy grants so).
+#: predicted TTFT in its place would throttle the flooding key wherever it is long.
 PACE_MAX_SEC = 2.0
 
-#: A waiter's target set (model, engine kind, targets excluded): waiters with the same set see
-#: the same free slots, whatever else differs between them.
+#: A waiter's target set (model, engine kind, targets excluded): the same set, the same slots.
 Selection = tuple[str, str | None, frozenset[int]]
 
 
@@ -92,17 +87,15 @@ class Guards:
     #: Price the live roots a prompt would push out of the only cache holding them
     #: (``pharos.retention``); False: off.
     eviction_pricing: bool = True
-    #: Model placement: replicas follow demand, single-model hosts group swaps, within a wait
-    #: bound (``pharos.placement.ReplicaRule``; the cost policy only).
+    #: Model placement (``pharos.placement.ReplicaRule``; the cost policy only).
     placement: ReplicaRule = field(default_factory=ReplicaRule)
 
 
 @dataclass(frozen=True, slots=True)
 class RouteSettings:
-    """The routing settings a reload may change, as one value: a reload swaps it whole
-    (``Scheduler.reconfigure``), so a decision reads the old settings or the new ones, never a
-    mix. ``model_costs``: each model's prefill cost model (``models[].cost_model``), used on
-    backends that have none of their own."""
+    """The routing settings a reload may change, swapped whole (``Scheduler.reconfigure``)
+    so a decision never reads a mix. ``model_costs``: each model's prefill cost model
+    (``models[].cost_model``), for backends that have none of their own."""
 
     policy: PolicyConfig
     guards: Guards = field(default_factory=Guards)

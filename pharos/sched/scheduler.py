@@ -1,7 +1,6 @@
-"""The scheduler: its parts composed, and the decision that runs through them.
-
-Picking a target and taking a slot on it is one synchronous step (the reactor is
-single-threaded), so two requests never both see one slot as free."""
+"""The scheduler: its parts composed, and the decision that runs through them. Picking a
+target and taking a slot on it is one synchronous step, so two requests never both see one
+slot as free."""
 
 from __future__ import annotations
 
@@ -42,14 +41,11 @@ reasons.install(policy)
 
 
 class Scheduler:
-    """Admission and the fair queue over the state's targets, composed of its parts: the wait
-    queue and its leases (``queue``), the candidates and their cache (``cands``), placement
-    memory (``hosts``), learning (``learning``) and the peers' gauges (``gauges``).
-
-    ``routing`` is read afresh by every decision and swapped whole by ``reconfigure``.
-    ``on_route`` is told of every decision that placed a request, with the request and the
-    placement (shadow policies, ``pharos.shadow``: they queue it and return at once);
-    ``on_prefix`` of every prefix record, correction and dispatch, for the peers."""
+    """Admission and the fair queue over the state's targets, composed of its parts: ``queue``,
+    ``cands``, ``hosts``, ``learning`` and ``gauges``. ``routing`` is read afresh by every
+    decision. ``on_route`` is told of every decision that placed a request (shadow policies,
+    ``pharos.shadow``: it must return at once); ``on_prefix`` of every prefix record,
+    correction and dispatch, for the peers."""
 
     def __init__(
         self,
@@ -73,18 +69,17 @@ class Scheduler:
         self.gauges = PeerLoad(state, self.learning, self.queue, self.kick)
         self.hosts = Hosts(state, self.queue, self.gauges)
         self.cands = Candidates(state, self.hosts, default_capacity, routing.model_costs)
-        # The parts' state the rest of Pharos reads (metrics, snapshots, the admin pages).
+        # The parts' state and methods the rest of Pharos reads and calls.
         learning = self.learning
         self.index, self.roots, self.hot = learning.index, learning.roots, learning.hot
         self.sessions, self.outcomes = learning.sessions, learning.outcomes
         self.predictions, self.unfollowed = learning.predictions, learning.unfollowed
         self.leases, self.peers = self.queue.leases, self.gauges.peers
-        # The parts' methods the rest of Pharos calls (the peer node, metrics, explain).
         g = self.gauges
         self.export_gauges, self.merge_gauges, self.forget = g.export, g.merge, g.forget
         self.peer_inflight, self.peer_waiting, self.target_id = g.inflight, g.waiting, g.target_id
         self.merge_prefix, self.capacity_of = g.merge_prefix, learning.capacity_of
-        #: Placement decisions run for waiters (``place``): the count a test reads.
+        #: Placement decisions run for waiters (``place``).
         self.decisions = 0
         #: Requests routed per model: round robin's turn (``RouteReq.seq``).
         self.turns: Counter[str] = Counter()
@@ -100,8 +95,7 @@ class Scheduler:
         return self.routing.guards
 
     def reconfigure(self, routing: RouteSettings) -> None:
-        """A reload's routing settings, in force from the next decision; every kept
-        candidate is rebuilt (the cost models may have changed)."""
+        """A reload's routing settings, from the next decision; kept candidates are dropped."""
         self.routing = routing
         self.cands.invalidate(self.cands.default_capacity, routing.model_costs)
 
@@ -124,10 +118,8 @@ class Scheduler:
     def acquire(self, key: str, weight: int, req: SchedRequest, front: bool = False, *,
                 tenant: str = DEFAULT_TENANT, tenant_weight: int = 1) -> Deferred[Lease]:
         """A lease on the best target now, or a place in the fair queue under ``tenant`` and
-        ``key`` (at the front of its key's FIFO for a retry).
-
-        Fails at once with UnknownModel, Unavailable or QueueFull.
-        """
+        ``key`` (at the front of its key's FIFO for a retry). Fails at once with UnknownModel,
+        Unavailable or QueueFull."""
         try:
             self.targets(req)
         except (UnknownModel, Unavailable) as e:
@@ -135,14 +127,13 @@ class Scheduler:
         return self.queue.acquire(key, weight, req, front, tenant, tenant_weight)
 
     def stuck_for(self, now: float) -> float | None:
-        """How long requests have waited with no request starting and no lease given back;
-        None while nothing waits."""
+        """``WaitQueue.stuck_for``."""
         return self.queue.stuck_for(now)
 
     def kick(self) -> None:
         """Something may have freed a slot (a release, a scrape round, peers' gauges): serve
-        waiters while slots allow, in the fair queue's order (``pharos.fairq``); a key whose
-        head waiter cannot be placed now is passed over without losing its place."""
+        waiters in the fair queue's order; a key whose head waiter cannot be placed now is
+        passed over without losing its place."""
         self.cands.full.clear()
         self.queue.serve()
 
@@ -167,8 +158,7 @@ class Scheduler:
     # --- placing one request -------------------------------------------------------------
 
     def place(self, w: Waiter) -> Lease | None:
-        """A lease for the waiter now, or None (it waits; a waiter whose model no up backend
-        serves any more fails)."""
+        """A lease for the waiter now, or None (it waits, or fails with no up backend)."""
         req = w.req
         sel: Selection = (req.model, req.kind, req.exclude)
         cands = self.cands
@@ -192,8 +182,7 @@ class Scheduler:
         free = False
         for c in placed.candidates:
             if c.free_slots <= 0:
-                # A request came while it had no free slot: a reason to try one more there
-                # (``learn_capacity``), whether this one waits or goes elsewhere.
+                # A request found it full: a reason to try one more there (``learn_capacity``).
                 self.state.targets[c.target_id].pressed = True
             else:
                 free = True
@@ -222,8 +211,8 @@ class Scheduler:
                 c.free_slots <= 0 or (c.target_id == target.id and c.free_slots == 1
                                       and c.capacity - 1 <= c.inflight)
                 for c in placed.candidates):
-            # It took the set's last free slot, one counted from our requests (not from the
-            # engine's running count): the next waiter of the set need not be decided.
+            # It took the set's last free slot (counted from our requests, not the engine's):
+            # the next waiter of the set need not be decided.
             cands.remember_full(sel, targets)
         shares.started(w.key)
         self.turns[req.model] += 1
@@ -251,8 +240,8 @@ class Scheduler:
 
     def decide(self, req: SchedRequest, targets: list[Target], waited: float = 0.0
                ) -> Placement:
-        """The policy's decision over the candidates as they are now (no state changes);
-        ``waited``: how long the request has queued (placement's wait bound)."""
+        """The policy's decision over the candidates now (no state changes); ``waited``: how
+        long the request has queued."""
         routing = self.routing
         policy, guards = routing.policy, routing.guards
         queue, gauges, learning = self.queue, self.gauges, self.learning
@@ -293,8 +282,7 @@ class Scheduler:
         return Placement(decision, tuple(cands), cold, matches, owners, affinity, route)
 
     def candidate(self, t: Target, queued: int, matched_tokens: int = 0) -> Candidate:
-        """One target as the policy sees it (``Candidates.candidate``); its occupancy counts
-        ours and live peers' requests in flight."""
+        """One target as the policy sees it, with live peers' requests in flight."""
         inflight = t.inflight + self.gauges.inflight(t.id) if self.peers else t.inflight
         return self.cands.candidate(t, inflight, queued, matched_tokens)
 
@@ -305,12 +293,10 @@ class Scheduler:
         return self.queue.root_ended(tid, root)
 
     def started(self, lease: Lease) -> None:
-        """The first byte of a reply: unqueue its prefill; record the prompt now on engines
-        that share their prefix cache across requests."""
+        """The first byte of a reply: unqueue its prefill, teach the index (``first_byte``)."""
         self.queue.unqueue(lease)
         self.learning.first_byte(lease)
-        # Its prefill is off the queue (holds weigh queued prefill), but no slot is free:
-        # target sets found full stay so.
+        # Its prefill is off the queue, but no slot is free: target sets found full stay so.
         self.queue.serve()
 
     def released(self, lease: Lease, sample: Sample | None) -> None:
