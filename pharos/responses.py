@@ -1,19 +1,16 @@
-"""Responses conversation state (issue 17 item 6, seed 003): the stored conversations behind
-``previous_response_id``, encrypted at rest, scoped to a tenant, bounded in count, age and size.
+"""Responses conversation state: the stored conversations behind ``previous_response_id``,
+encrypted at rest, scoped to a tenant, bounded in count, age and size.
 
-One record per stored response: the whole conversation up to it (its expanded input items
-and the output items of its reply), so a newer turn never depends on an older record that
-retention dropped. Each record is JSON encrypted with AES-256-GCM under the key of
-``responses.key_file``, with a fresh 96-bit nonce, and the tenant and response id as
+One record per stored response holds the whole conversation up to it, so a newer turn never
+depends on an older record that retention dropped. Each record is JSON under AES-256-GCM
+(key from ``responses.key_file``, fresh 96-bit nonce) with the tenant and response id as
 associated data: a blob moved to another tenant's or id's place fails authentication like a
-tampered one, and either reads as absent. Records live in this process's memory only (never
-in the state file or peer messages: no prompt text leaves the process, encrypted or not), so a
-restart forgets them.
+tampered one, and either reads as absent. Records live in memory only (never in the state
+file or peer messages: no prompt text leaves the process), so a restart forgets them.
 
-Retention: at most ``max_responses`` records (the oldest dropped first) and none older than
-``max_age`` (dropped when the store is next touched); a conversation whose record would pass
-``max_bytes`` (of plaintext JSON) is not stored. The store is pure: no I/O, the clock
-injected.
+Retention: at most ``max_responses`` records (oldest dropped first), none older than
+``max_age``; a record past ``max_bytes`` of plaintext JSON is not stored. Pure: no I/O, the
+clock injected.
 """
 
 from __future__ import annotations
