@@ -1,4 +1,4 @@
-"""Log feeds: where an engine's log lines come from (spec §4 "Log probes").
+"""Log feeds: where an engine's log lines come from.
 
 A feed hands each line to ``on_line`` as bytes without its newline and never keeps, logs or
 sends a line's content: lines are matched in memory by the plan's log probes and dropped.

@@ -1,4 +1,4 @@
-"""Follow a local log file by polling on the injected clock (spec §4, DESIGN §5 "Log files").
+"""Follow a local log file by polling on the injected clock.
 
 The file is read from its start and followed by inode and offset. A new inode at the path is a
 rotation: the old file (still open) is drained to its end, then the new one is read from its
@@ -28,7 +28,7 @@ from pharos.discovery.feed import (
 
 log = Logger()
 
-#: Seconds between polls of a file that has nothing new (spec §4: once a second).
+#: Seconds between polls of a file that has nothing new (once a second).
 POLL_INTERVAL: Final = 1.0
 #: Bytes read per reactor turn.
 CHUNK_BYTES: Final = 1024 * 1024

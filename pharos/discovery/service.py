@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.unit.test_dns_backends,tests.component.test_docker_discovery -*-
-"""The backend set (spec §10): the static list ∪ Docker-labelled containers ∪ DNS members,
+"""The backend set: the static list ∪ Docker-labelled containers ∪ DNS members,
 handed whole to ``State.set_backends`` whenever a part changes.
 
 A URL is one backend: the static list wins over discovery, Docker over DNS, and a discovered

@@ -1,4 +1,4 @@
-"""The engine leg's HTTP client pieces (issue 16 item 2): what treq's ``HTTPClient`` sits on.
+"""The engine leg's HTTP client pieces: what treq's ``HTTPClient`` sits on.
 
 ``EngineAgent`` is Twisted's ``Agent`` with each URL's parse, endpoint and ``Host`` value made
 once: engine URLs are few and fixed, and ``Agent`` re-parses the URL, builds a new

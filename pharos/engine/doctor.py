@@ -162,7 +162,7 @@ async def examine(
     """Resolve one backend and collect what doctor reports about it.
 
     ``post(path, body)`` (live backends only) checks which coding-agent routes it serves;
-    ``check_memory``: say what placement does with the config's ``memory_gb`` (issue 15).
+    ``check_memory``: say what placement does with the config's ``memory_gb``.
     """
     report = BackendReport(url)
     try:

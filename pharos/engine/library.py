@@ -1,4 +1,4 @@
-"""The probe library and the recipe of every engine kind (spec §4).
+"""The probe library and the recipe of every engine kind.
 
 Each probe here was seen in a capture under fixtures/ (live, or from the engine's source with
 the file named in its meta.yaml), and the replay tests in tests/replay/ hold it there.
@@ -191,7 +191,7 @@ llamacpp_props_capacity = Probe(
 llamacpp_running = prom(
     "llamacpp-running", "/metrics", Signal.RUNNING, "llamacpp:requests_processing"
 )
-#: Before b8772 requests_deferred read 0 with a queue (spec §4): unknown there, never wrong.
+#: Before b8772 requests_deferred read 0 with a queue: unknown there, never wrong.
 llamacpp_waiting = prom(
     "llamacpp-waiting",
     "/metrics",
@@ -377,7 +377,7 @@ RECIPES: dict[str, tuple[Probe, ...]] = {
 LIBRARY: dict[str, Probe] = {p.name: p for recipe in RECIPES.values() for p in recipe}
 LIBRARY_PROBE_NAMES: frozenset[str] = frozenset(LIBRARY)
 
-#: Detection fingerprints in the §4 order: the first kind whose probes all read a value wins.
+#: Detection fingerprints in order: the first kind whose probes all read a value wins.
 FINGERPRINTS: tuple[tuple[str, tuple[Probe, ...]], ...] = (
     (LLAMASWAP, (llamaswap_running,)),
     (OLLAMA, (ollama_version,)),

@@ -1,4 +1,4 @@
-"""Plans: which probes answer on one backend, discovered at runtime (spec §4).
+"""Plans: which probes answer on one backend, discovered at runtime.
 
 ``resolve`` runs a kind's whole recipe (plus the operator's own probes, first) once and keeps,
 per signal, the first probe that reads a known value; ``Plan.scrape`` then asks only those,
@@ -228,7 +228,7 @@ async def resolve(
 
 
 async def detect_kind(fetcher: Fetcher) -> str:
-    """The engine kind by the §4 fingerprints, in order; the generic kind only when safe.
+    """The engine kind by the fingerprints, in order; the generic kind only when safe.
 
     If no fingerprint matched and one got no answer at all or a 503 (an engine loading its
     model, or dropping requests under load), guessing the generic kind would be wrong until

@@ -1,4 +1,4 @@
-"""Probes: one way to read one signal from one feed (spec §4), and their generic constructors.
+"""Probes: one way to read one signal from one feed, and their generic constructors.
 
 A probe's ``parse`` gets a whole HTTP body (or one log line) and returns a Snapshot in which
 only its own signal is read. A missing field or metric is an unknown value; a present value

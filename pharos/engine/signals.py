@@ -1,4 +1,4 @@
-"""The fixed vocabulary of engine signals (spec §4) and the snapshot types that hold them.
+"""The fixed vocabulary of engine signals and the snapshot types that hold them.
 
 Every signal value is ``None`` when unknown: a probe that does not find its field or metric
 reports nothing, and nothing downstream may read ``None`` as 0.
@@ -36,7 +36,7 @@ COUNT_SIGNALS: frozenset[Signal] = frozenset(
 #: The load signals in the order of ``Load``'s fields.
 LOAD_ORDER: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE,
                                    Signal.KV_POOL_TOKENS)
-#: Signals a log probe may read (spec §4, LogLine).
+#: Signals a log probe may read (LogLine).
 LOG_SIGNALS: frozenset[Signal] = frozenset(
     {Signal.VERSION, Signal.RESIDENCY} | LOAD_SIGNALS
 )
@@ -102,8 +102,7 @@ class Snapshot:
     load: Mapping[str, Load] = field(default_factory=dict)
     sources: Mapping[Signal, str] = field(default_factory=dict)
     #: ``model_info`` and ``load_for`` answers by model, kept: a snapshot never changes, and
-    #: the scheduler asks both of every candidate of every decision (64 targets' views took
-    #: most of a 500 µs decision, issue 10 item 6).
+    #: the scheduler asks both of every candidate of every decision.
     _infos: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False,
                                          compare=False)
     _loads: dict[str, Load] = field(default_factory=dict, init=False, repr=False, compare=False)

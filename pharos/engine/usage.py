@@ -1,13 +1,13 @@
-"""Token usage of one reply, read from what the engine sent (spec §9 "Tap").
+"""Token usage of one reply, read from what the engine sent.
 
 ``parse_usage`` reads one decoded JSON object: an SSE ``data:`` line, an NDJSON line (Ollama's
 native API) or a whole non-streamed body. Where each value can be is data, ``USAGE_FIELDS``: per
-value an ordered list of places, newer names first (the probe rule of §4: a newer name goes
-ahead of an older one only once a recorded stream shows it; ``tests/replay/
-test_usage_replay.py`` replays every recorded reply). The first place present wins.
+value an ordered list of places, newer names first (a newer name goes ahead of an older one
+only once a recorded stream shows it; ``tests/replay/test_usage_replay.py`` replays every
+recorded reply). The first place present wins.
 
-Every value is ``None`` when the engine did not say it, and 0 only when the engine said 0
-(DESIGN §3). Known meanings, per engine:
+Every value is ``None`` when the engine did not say it, and 0 only when the engine said 0.
+Known meanings, per engine:
 
 - OpenAI shape (vLLM, SGLang, mlx-lm, Ollama's /v1, llama.cpp): ``usage.prompt_tokens``
   counts the whole prompt, cached tokens included; ``usage.prompt_tokens_details.

@@ -1,2 +1,2 @@
-"""Peers and availability (spec §12): the peer site, deltas, snapshots, membership, the state
+"""Peers and availability: the peer site, deltas, snapshots, membership, the state
 file."""

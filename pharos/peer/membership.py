@@ -1,4 +1,4 @@
-"""Who the peers are (spec §12): the ``peers.members`` list, or every address ``peers.dns``
+"""Who the peers are: the ``peers.members`` list, or every address ``peers.dns``
 resolves to, re-resolved every ``DNS_INTERVAL`` seconds.
 
 A member is a ``host:port`` (``[v6]:port``) string, the authority of its peer URLs. The
@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred
 
 from pharos.config import PeersConfig
 
-#: Seconds between re-resolutions of ``peers.dns`` (spec §12).
+#: Seconds between re-resolutions of ``peers.dns``.
 DNS_INTERVAL: Final = 10.0
 
 

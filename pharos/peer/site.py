@@ -1,4 +1,4 @@
-"""The peer site (spec §12): a separate Klein site on ``peers.listen``, for a private network.
+"""The peer site: a separate Klein site on ``peers.listen``, for a private network.
 
 ``POST /peer/delta`` merges a peer's delta (200; 400 naming what is malformed; 409 for another
 wire proto). ``GET /peer/snapshot`` serves this instance's snapshot (gzip'd versioned JSON,

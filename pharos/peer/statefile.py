@@ -1,4 +1,4 @@
-"""The state file (spec §12, ``state_file:``): the Snapshot on disk, so a single instance keeps
+"""The state file (``state_file:``): the Snapshot on disk, so a single instance keeps
 its prefix index, usage and speeds across restarts.
 
 Written every ``WRITE_EVERY`` seconds and once more at shutdown (after the drain, so nothing
@@ -29,7 +29,7 @@ from pharos.periodic import Periodic
 
 log = Logger()
 
-#: Seconds between writes (spec §12).
+#: Seconds between writes.
 WRITE_EVERY: Final = 30.0
 
 #: Runs a blocking function off the reactor thread (``deferToThreadPool``; tests run it

@@ -1,4 +1,4 @@
-"""The delta on the wire (spec §12): versioned JSON, ``POST /peer/delta`` every tick.
+"""The delta on the wire: versioned JSON, ``POST /peer/delta`` every tick.
 
 A delta carries this origin's absolute gauges and recent usage cells, so a lost one is
 repaired by the next, plus the prefix ops since the last tick (lossy hints). Unknown fields
@@ -57,7 +57,7 @@ class ProtoMismatch(WireError):
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """One tick's message from ``origin`` (spec §12 ``Delta``). ``gauges`` holds the
+    """One tick's message from ``origin``. ``gauges`` holds the
     scheduler's parts (``inflight``, ``waiting``) and usage's (``reserved``)."""
 
     origin: str
@@ -78,7 +78,7 @@ class Delta:
 
 
 def fingerprint(config: Config) -> str:
-    """A hash of what peers must agree on to share state (spec §12): the static backend set
+    """A hash of what peers must agree on to share state: the static backend set
     (prefix ops and gauges name targets by backend URL), the key and tenant names (usage
     cells), and the usage timezone (day buckets). DNS backend groups count by name and port
     (their members are what every peer resolves). 16 hex digits."""

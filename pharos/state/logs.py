@@ -1,4 +1,4 @@
-"""The log follower: one backend's log feed through its plan's log probes (spec §4, §5).
+"""The log follower: one backend's log feed through its plan's log probes.
 
 Started by the backend's scraper once its plan has active log probes. Each line goes through
 ``Plan.follow_line`` in memory and is dropped; only the values it set are kept, in the
@@ -27,7 +27,7 @@ from pharos.state.registry import BackendState, Target, rename
 
 log = Logger()
 
-#: Reconnect backoff (spec §5): the first retry after 1 s, doubling up to 30 s.
+#: Reconnect backoff: the first retry after 1 s, doubling up to 30 s.
 BACKOFF_FIRST: Final = 1.0
 BACKOFF_MAX: Final = 30.0
 

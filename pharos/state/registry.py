@@ -1,4 +1,4 @@
-"""Backends and targets, and the view of a target's signals as of now (spec §5)."""
+"""Backends and targets, and the view of a target's signals as of now."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class Target:
     unstarted: int = 0
     #: When the last of our requests on it had its first byte (a prefill ahead ended).
     last_first_byte_at: float | None = None
-    #: Capacity learned from the engine's own counts when it reports none (issue 10): the
+    #: Capacity learned from the engine's own counts when it reports none: the
     #: most requests it was seen running at once, raised one slot a round while requests come
     #: when it has no free slot and the engine has no queue, set to Running when the engine
     #: queues with KV blocks to spare (and no longer raised by trying then). None: nothing
@@ -302,8 +302,8 @@ _LOG_FIELDS: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACI
 
 
 def with_log(view: View, log: Snapshot, model: str) -> View:
-    """The view with the log feed's values where no scraped probe knows the signal (spec
-    §5); ``from_log`` names the signals filled so."""
+    """The view with the log feed's values where no scraped probe knows the signal;
+    ``from_log`` names the signals filled so."""
     filled: dict[str, object] = {}
     if view.residency is Residency.UNKNOWN and log.residency:
         state = log.residency.get(model, Residency.UNKNOWN)

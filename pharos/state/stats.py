@@ -1,4 +1,4 @@
-"""Speed estimates learned from request feedback (spec §5 Stats): EWMAs that are unknown
+"""Speed estimates learned from request feedback: EWMAs that are unknown
 until their first sample, never 0."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Sample:
 
 
 def learn(stats: TargetStats, s: Sample) -> bool:
-    """Update the EWMAs from one request by the §5 sampling rules.
+    """Update the EWMAs from one request by the sampling rules.
 
     Returns whether the dispatch really paid a load (a cold dispatch whose engine-reported
     load took under 10 ms loaded nothing and counts as warm).
@@ -117,7 +117,7 @@ def load_sample(stats: TargetStats, s: Sample) -> float | None:
     return max(MIN_REAL_LOAD_SEC, seen - (prefill or 0.0))
 
 
-#: The estimates a snapshot carries (spec §12 ``Stats``), by their field names on the wire.
+#: The estimates a snapshot carries, by their field names on the wire.
 STAT_FIELDS = ("prefill_sec_per_token", "load_sec", "service_sec")
 
 
@@ -141,7 +141,7 @@ def parse_stats(raw: Mapping[str, object]) -> dict[str, float | None]:
 
 
 def adopt(stats: TargetStats, values: Mapping[str, float | None]) -> bool:
-    """Take restored estimates where this process has no sample of its own (spec §12: stats
+    """Take restored estimates where this process has no sample of its own (stats
     are used only for targets with no local samples). The adopted value counts no sample, so
     the first local one moves it by ``ALPHA`` and a later snapshot may still replace it.
     Returns whether anything was taken."""
