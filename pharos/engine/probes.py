@@ -36,10 +36,8 @@ class ProbeError(Exception):
 @dataclass(frozen=True, slots=True, eq=False)
 class Probe:
     """One way to read one signal: an HTTP path (``path``) or the backend's log (``path=None``).
-
-    ``when`` guards a probe to the engine versions where its field means what it parses;
-    with an unknown version a guarded probe does not run.
-    """
+    ``when`` guards a probe to the engine versions where its field means what it parses; with
+    an unknown version a guarded probe does not run."""
 
     name: str
     signal: Signal
@@ -111,9 +109,8 @@ def prom_samples(body: bytes) -> Mapping[str, tuple[Sample, ...]]:
 
 @lru_cache(maxsize=16)
 def prom_series(body: bytes, name: str) -> tuple[Sample, ...]:
-    """The samples of the one metric ``name``: only its lines are parsed. A whole engine page
-    through prometheus_client's pure-Python parser took 15-35 ms on the reactor every scrape
-    round (the vLLM double's 440 samples), stalling every request that arrived meanwhile."""
+    """The samples of the one metric ``name``: only its lines are parsed (a whole engine page
+    through prometheus_client's pure-Python parser stalls the reactor for tens of ms)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -268,12 +265,9 @@ def log_line(
     *,
     own: bool = False,
 ) -> Probe:
-    """A probe reading one regular expression over log lines.
-
-    The named group ``value`` holds the value, or ``value`` is fixed (a line that matches
-    reports it). A named group ``model`` keys the value per model; a residency line must name
-    its model. A line that does not match reports nothing.
-    """
+    """A probe reading one regular expression over log lines: the named group ``value`` (or
+    a fixed ``value`` a matching line reports), keyed per model by a group ``model`` (a
+    residency line must name its model)."""
     if signal not in LOG_SIGNALS:
         raise ValueError(f"{name}: log probes read {sorted(s.value for s in LOG_SIGNALS)}")
     rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)

@@ -5,15 +5,11 @@ repaired by the next, plus the prefix ops since the last tick (lossy hints). Unk
 are ignored, so a later release may add some without a bump; ``proto`` changes only for
 breaking changes, and a peer on another proto is answered 409 (``ProtoMismatch``).
 
-Since the dispatch ops were added (no proto bump: older peers ignore the field), a delta also
-carries ``dispatch``: the requests this origin sent since its last delta, each a predicted
-record (target key, link hashes, when, the root's estimated tokens, whether the target was
-taken to lack the root). A delta without the field comes from an older peer, whose records
-then stand for its sends (``Delta.dispatched`` is None).
-
-A delta also carries ``retention``: per target the root tokens its cache was last seen to
-retain and when that was learned (``RootCaches.export_retention``; the receiver keeps the one
-learned last), so every instance drops stale predictions on what every reply taught.
+A delta also carries ``dispatch``: the requests this origin sent since its last delta, each a
+predicted record. A delta without the field comes from an older peer (older peers ignore it,
+so no proto bump), whose records then stand for its sends (``Delta.dispatched`` is None).
+And ``retention``: per target the root tokens its cache was last seen to retain and when
+(the receiver keeps the one learned last), so every instance drops stale predictions alike.
 
 Decoding checks the shape only (types and bounds); each owning module checks its own part
 when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
@@ -57,8 +53,8 @@ class ProtoMismatch(WireError):
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """One tick's message from ``origin``. ``gauges`` holds the
-    scheduler's parts (``inflight``, ``waiting``) and usage's (``reserved``)."""
+    """One tick's message from ``origin``. ``gauges`` holds the scheduler's parts
+    (``inflight``, ``waiting``) and usage's (``reserved``)."""
 
     origin: str
     fingerprint: str

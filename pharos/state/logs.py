@@ -37,10 +37,7 @@ FeedFactory = Callable[[BackendSpec], LogFeed | None]
 
 def default_feeds(clock: IReactorTime, docker: DockerFeeds | None = None) -> FeedFactory:
     """The feed of a spec's ``logs:`` URL (``file://`` always; ``docker://`` with ``docker``).
-
-    A feed that cannot be built is logged when its backend's scraper starts and counts as no
-    feed: its log probes are dropped with "no log feed".
-    """
+    One that cannot be built is logged and counts as none ("no log feed")."""
 
     def feed(spec: BackendSpec) -> LogFeed | None:
         if spec.logs is None:

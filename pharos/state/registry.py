@@ -17,9 +17,8 @@ from pharos.state.stats import TargetStats
 STALE_AFTER_INTERVALS = 3
 
 #: Change stamps: every write to a field of a ``Target`` or ``BackendState`` that a view or a
-#: candidate reads takes the next number, so a view or candidate built from them is known to
-#: be current while the stamps it was built at are unchanged (``State.view``, the scheduler's
-#: candidates: a decision over 64 targets rebuilt each one's view and candidate every time).
+#: candidate reads takes the next number, so a view or candidate built from them is current
+#: while the stamps it was built at are unchanged.
 _STAMPS = count(1)
 
 
@@ -105,10 +104,9 @@ class Target:
     unstarted: int = 0
     #: When the last of our requests on it had its first byte (a prefill ahead ended).
     last_first_byte_at: float | None = None
-    #: Capacity learned from the engine's own counts when it reports none: the
-    #: most requests it was seen running at once, raised one slot a round while requests come
-    #: when it has no free slot and the engine has no queue, set to Running when the engine
-    #: queues with KV blocks to spare (and no longer raised by trying then). None: nothing
+    #: Capacity learned when the engine reports none: the most requests seen running at once,
+    #: raised a slot a round while requests wait and the engine has no queue, set to Running
+    #: when the engine queues with KV blocks to spare (then no longer raised). None: nothing
     #: learned yet. ``capacity_seen_queue``: the engine has queued so.
     learned_capacity: int | None = None
     capacity_seen_queue: bool = False
