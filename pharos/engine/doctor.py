@@ -159,11 +159,8 @@ async def examine(
     memory_gb: float | None = None,
     check_memory: bool = False,
 ) -> BackendReport:
-    """Resolve one backend and collect what doctor reports about it.
-
-    ``post(path, body)`` (live backends only) checks which coding-agent routes it serves;
-    ``check_memory``: say what placement does with the config's ``memory_gb``.
-    """
+    """Resolve one backend and collect what doctor reports about it. ``post(path, body)``
+    (live only) checks the coding-agent routes; ``check_memory`` explains ``memory_gb``."""
     report = BackendReport(url)
     try:
         plan, snap = await resolve(fetcher, kind, own, has_log_feed=log_lines is not None)

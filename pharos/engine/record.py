@@ -18,9 +18,8 @@ from pharos.engine.library import OLLAMA
 
 #: A prompt with nothing personal in it: captures are committed.
 _PROMPT = "Count from one to five."
-#: The system text of the Anthropic and Responses requests: long enough (over one 32-token
-#: KV block) that the later of them find it in the engine's prefix cache, so their replies
-#: show a cached count.
+#: The Anthropic and Responses requests' system text: over one 32-token KV block, so the later
+#: ones find it in the prefix cache and their replies show a cached count.
 _SYSTEM = ("You are a careful counting assistant. Answer with the numbers only, written as "
            "words, separated by commas, in increasing order, with no other text before or "
            "after them, and stop after the last number you were asked for.")

@@ -86,13 +86,9 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Signals from one scrape round (or one log line) of one backend.
-
-    Each field is one signal and ``None`` when unknown. A known empty mapping is a value:
-    ``models == ()`` means the backend serves nothing, ``residency == {}`` means every model is
-    cold. ``residency`` lists the models in memory; a served model missing from it is cold.
-    ``sources`` records, per signal, the probe that filled it.
-    """
+    """Signals from one scrape round (or one log line) of one backend, ``None`` when unknown.
+    A known empty value is a value: ``models == ()`` serves nothing, ``residency == {}`` has
+    every model cold. ``sources`` names, per signal, the probe that filled it."""
 
     version: str | None = None
     models: tuple[str, ...] | None = None
@@ -170,10 +166,7 @@ class Snapshot:
 
 def merge(parts: Sequence[tuple[str, Signal, Snapshot]]) -> Snapshot:
     """Merge probe results in priority order: per signal, the first known value wins.
-
-    ``parts`` holds ``(probe name, the probe's signal, its result)``; only the probe's own
-    signal is read from its result.
-    """
+    ``parts``: ``(probe name, its signal, its result)``; only that signal is read."""
     fields: dict[str, object] = {}
     sources: dict[Signal, str] = {}
     loads: dict[str, dict[str, int | float]] = {}

@@ -34,10 +34,9 @@ Known meanings, per engine:
   exists from v0.33.3 (present with 0 when nothing was cached). Durations are nanoseconds, and
   every metric is omitted when zero (so a missing one is unknown, not 0).
 
-Embeddings generate no tokens: their completion count is 0, not unknown. Nothing in an
-embeddings body says "I generated nothing", so the caller says which route it forwarded:
-``parse_usage(obj, embeddings=True)`` (and ``StreamTap(embeddings=True)``) for
-``/v1/embeddings`` and ``/api/embed``. A reply with no usage at all stays ``None`` there too.
+Embeddings generate no tokens, but nothing in their body says so: the caller passes
+``embeddings=True`` for ``/v1/embeddings`` and ``/api/embed`` and the completion count is 0.
+A reply with no usage at all stays ``None`` there too.
 
 A stream may spread its usage over several events (Anthropic's ``message_start`` and
 ``message_delta``): ``merge_usage`` keeps what an earlier event said unless a later one says it
@@ -187,11 +186,8 @@ def _read(obj: Mapping[str, Any], f: UsageField) -> int | float | None:
 
 
 def parse_usage(obj: Mapping[str, Any], *, embeddings: bool = False) -> Usage | None:
-    """The usage in one decoded JSON object, or ``None`` if it carries none.
-
-    ``embeddings``: the object answers an embeddings request, so an unreported completion
-    count is 0 (embeddings generate nothing) rather than unknown.
-    """
+    """The usage in one decoded JSON object, or ``None``. ``embeddings``: an unreported
+    completion count is 0 (embeddings generate nothing), not unknown."""
     if not isinstance(obj, Mapping):
         return None
     values: dict[str, Any] = {}

@@ -1,11 +1,9 @@
 """Who the peers are: the ``peers.members`` list, or every address ``peers.dns``
 resolves to, re-resolved every ``DNS_INTERVAL`` seconds.
 
-A member is a ``host:port`` (``[v6]:port``) string, the authority of its peer URLs. The
-resolver is injected (``Resolver``), so tests need no DNS server; ``DnsResolver`` asks
-Twisted's resolver chain (the hosts file, then DNS) for every A record, which is what a
-Kubernetes headless Service answers with. Which member is this instance is learned from
-``Pharos-Origin`` on its replies (``PeerNode``), not here.
+A member is a ``host:port`` (``[v6]:port``) string. The resolver is injected; ``DnsResolver``
+asks Twisted's resolver chain for every A record (a Kubernetes headless Service answers so).
+Which member is this instance is learned from ``Pharos-Origin`` on its replies, not here.
 """
 
 from __future__ import annotations
