@@ -228,9 +228,8 @@ class Journal:
             d.callback(None)
 
     def close(self) -> Deferred[None]:
-        """Stop accepting records and hand over what is pending now; the Deferred fires once
-        everything accepted before has been written (or counted as failed) and the file is
-        closed. It never fails."""
+        """Stop accepting records and hand over what is pending; the Deferred fires once all of
+        it is written (or counted as failed) and the file is closed. It never fails."""
         self._closing = True
         d: Deferred[None] = Deferred()
         self._closed.append(d)

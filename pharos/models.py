@@ -316,9 +316,8 @@ _ESCAPED_LETTER: Final = b"\\u006"
 def rewrite_model(raw: bytes, served: str, present: bool) -> bytes | None:
     """``raw`` with its top-level ``model`` value replaced by ``served`` (``present``), or
     ``"model":served`` inserted after the opening brace; every other byte as sent. None
-    where the spot is not certain (key escaped, written twice, not a string): re-encode.
-
-    The one plain occurrence is the top-level key: the decode found a top-level ``model``,
+    where the spot is not certain (key escaped, written twice, not a string): re-encode. The
+    one plain occurrence is the top-level key: the decode found a top-level ``model``,
     spelled plainly (an occurrence of ``"model"``, and there is one) or with escapes (a
     ``\\u006`` in the body, declined)."""
     value = json.dumps(served, ensure_ascii=False).encode()

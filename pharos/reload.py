@@ -37,9 +37,8 @@ _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class ConfigWatcher(Periodic):
-    """Re-reads ``path`` when it changes (or when told to) and hands the config to put in
-    force to ``apply``: ``current`` with the changed live fields; ``current`` is the config
-    in force. The first check runs at start."""
+    """Re-reads ``path`` when it changes (or when told to) and hands ``apply`` the config in
+    force (``current``) with the changed live fields. The first check runs at start."""
 
     def __init__(self, path: str, current: Config, apply: Callable[[Config], None],
                  clock: IReactorTime, interval: float = RELOAD_EVERY) -> None:

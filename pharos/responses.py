@@ -119,9 +119,8 @@ class ConversationStore:
         return True
 
     def get(self, tenant: str, rid: str) -> list[Any] | None:
-        """The conversation stored as ``rid`` for ``tenant``; None when there is none for this
-        tenant (never stored, another tenant's, expired, dropped, or failing
-        authentication)."""
+        """The conversation stored as ``rid`` for ``tenant``; None when there is none (another
+        tenant's, expired, dropped, or failing authentication)."""
         self._expire(self.clock())
         held = self._records.get((tenant, rid))
         if held is None:

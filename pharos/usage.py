@@ -395,10 +395,9 @@ class Ledger:
         return out
 
     def iter_export(self, *, minutes: bool = True) -> Iterator[Row]:
-        """``export`` one cell at a time, unordered, with counts as they are when it comes (the
-        state file exports in batches, yielding to the reactor; a cell dropped meanwhile is
-        left out). Only the keys are copied: new (cell, counts) pairs for every cell would
-        outlive young collections and bring on a full GC."""
+        """``export`` one cell at a time, unordered, with counts as they are when it comes (a
+        cell dropped meanwhile is left out). Only the keys are copied: new (cell, counts)
+        pairs would outlive young collections and bring on a full GC."""
         self._today()
         self._this_minute()
         cells, table = list(self._cells), self._cells

@@ -341,11 +341,9 @@ MEDIA_RAW: Final = b"application/vnd.docker.raw-stream"
 
 
 class DockerLogFeed:
-    """A container's log stream as a ``LogFeed``. Each ``connect`` follows
-    ``/containers/{id}/logs?follow=1&stdout=1&stderr=1&since=<State.StartedAt>``: a reconnect
-    reads the start-up lines again (Ollama prints its ``OLLAMA_NUM_PARALLEL`` once) and a
-    restarted container is read from its new start. The stream ends when the container stops.
-    """
+    """A container's log stream as a ``LogFeed``, followed ``since=<State.StartedAt>``: a
+    reconnect reads the start-up lines again (Ollama prints its ``OLLAMA_NUM_PARALLEL``
+    once) and a restarted container is read from its new start."""
 
     def __init__(self, api: DockerAPI, container: str, started_at: str | None = None,
                  tty: bool | None = None, max_line: int = MAX_LINE_BYTES,
@@ -498,10 +496,9 @@ def backend_of(c: Container) -> Backend | str:
 
 
 class DockerDiscovery(Service):
-    """Watches the daemon's events and keeps ``backends`` the labelled running containers'.
-    ``on_change`` is told after every list that changed the set. A silent socket, a broken
-    events stream or a failed list keeps the last set and retries with backoff (logged once).
-    """
+    """Keeps ``backends`` the labelled running containers', told to ``on_change``. A silent
+    socket, a broken events stream or a failed list keeps the last set and retries with
+    backoff (logged once)."""
 
     def __init__(self, api: DockerAPI, clock: IReactorTime,
                  on_change: Callable[[], None] = lambda: None) -> None:

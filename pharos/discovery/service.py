@@ -43,9 +43,8 @@ class Discovery(MultiService):
         self.set_static(static, dns)
 
     def set_static(self, backends: Sequence[Backend], dns: Sequence[DnsBackends] = ()) -> None:
-        """The config's part (start-up and every reload): the ``url:`` backends and the
-        ``dns:`` entries. A ``dns:`` entry that stays keeps its members; a new one resolves
-        at once; a removed one's members drain."""
+        """The config's ``url:`` backends and ``dns:`` entries (start-up and reloads): a
+        ``dns:`` entry that stays keeps its members, a removed one's members drain."""
         self.static = tuple(backends)
         wanted = set(dns)
         for spec in [s for s in self.groups if s not in wanted]:

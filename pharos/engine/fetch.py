@@ -134,9 +134,8 @@ class HTTPFetcher:
                              timeout or self._timeout)
 
     def _bounded(self, d: Deferred[Fetched], timeout: float) -> Deferred[Fetched]:
-        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure.
-
-        A deadline that fires late (a burst of clients held the reactor) first gives the reply
+        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure. A
+        deadline that fires late (a burst of clients held the reactor) first gives the reply
         as long again as it was late, once: its bytes may be sitting unread, and the timeout
         measures the engine, not Pharos's own reactor."""
         timed_out: list[bool] = []

@@ -266,9 +266,8 @@ vllm_kv_usage = prom(
 
 def _vllm_kv_pool(body: bytes) -> Snapshot:
     """The KV pool in tokens: ``vllm:cache_config_info``'s labels ``num_gpu_blocks`` x
-    ``block_size`` (an info gauge: the value is 1, the facts are labels; seen live in
-    fixtures/vllm/0.32.0/*/metrics: 8192 x 32 on the tiny model). Data-parallel ranks
-    (``engine``) each have their own pool: they add up, as their requests do."""
+    ``block_size`` (an info gauge, value 1; fixtures/vllm/0.32.0/*/metrics). Data-parallel
+    ranks (``engine``) each have their own pool: they add up, as their requests do."""
     total = 0
     infos = prom_series(body, "vllm:cache_config_info")
     for labels, _ in infos:

@@ -157,12 +157,11 @@ def prom(
 ) -> Probe:
     """A probe reading one metric of a Prometheus text page.
 
-    ``per_model`` names the label that splits the metric per model; without it the value is the
-    whole backend's. Series that differ only in ``sum_labels`` are added (data-parallel ranks
-    serve different requests); series that differ only in ``replica_labels`` are copies of one
-    state (tensor-parallel ranks see the same batch) and must agree. ``average``: the
-    ``sum_labels`` ranks are averaged instead (a usage ratio of equal pools, one per
-    data-parallel rank). Any other second series for one model is an error. NaN is unknown.
+    ``per_model`` names the label that splits the metric per model (else the whole backend's).
+    Series differing only in ``sum_labels`` add up (data-parallel ranks serve different
+    requests), or are averaged with ``average`` (a usage ratio of equal pools); series
+    differing only in ``replica_labels`` are copies (tensor-parallel ranks see the same batch)
+    and must agree. Any other second series for one model is an error. NaN is unknown.
     """
     if signal not in LOAD_SIGNALS:
         raise ValueError(f"{name}: a Prometheus probe reads load signals only, not {signal.value}")

@@ -146,8 +146,7 @@ class Snapshot:
 
     def _load_for(self, model: str) -> Load:
         """Field by field rather than through ``load_of`` (a vLLM snapshot has both entries:
-        cache_config_info is the whole backend's). Both are ``Load`` values built by
-        ``load_of``, so their fields are already converted."""
+        cache_config_info is the whole backend's); both are already converted ``Load``s."""
         own = self.load.get(model)
         whole = self.load.get(WHOLE_BACKEND)
         if own is None:

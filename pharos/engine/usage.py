@@ -75,10 +75,9 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class UsageField:
-    """One place a usage value can be: the sum of the numbers at ``paths`` (every one must be
-    there, or this place does not apply) plus those at ``plus`` that are there. A duration's
-    ``per_sec`` is how many of its units make a second (1e3 for milliseconds); a count has
-    none."""
+    """One place a usage value can be: the sum of the numbers at ``paths`` (all present, or
+    the place does not apply) plus those at ``plus`` that are. ``per_sec``: a duration's units
+    per second (1e3 for milliseconds); None for a count."""
 
     paths: tuple[tuple[str, ...], ...]
     per_sec: float | None = None

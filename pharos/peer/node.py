@@ -151,12 +151,9 @@ class Origin:
 
 
 class PeerNode(Service):
-    """Sender loops, delta merges and snapshot pulls for one instance.
-
-    ``fingerprint`` is called per delta (a hot reload may change it); ``restore`` merges a
-    snapshot's bytes (``pharos.peer.snapshot.restore_bytes``, in steps; it may return a
-    Deferred) and raises ``ValueError`` on a bad one.
-    """
+    """Sender loops, delta merges and snapshot pulls for one instance. ``fingerprint`` is
+    called per delta (a reload may change it); ``restore`` merges a snapshot's bytes (it may
+    return a Deferred) and raises ``ValueError`` on a bad one."""
 
     def __init__(self, origin: str, fingerprint: Callable[[], str], sched: Scheduler,
                  ledger: Ledger, transport: Transport, membership: Membership,
@@ -313,9 +310,8 @@ class PeerNode(Service):
         return targets[tid].key if 0 <= tid < len(targets) else None
 
     def _tick(self, peer: Peer) -> bool:
-        """One peer's tick: True when a delta went. Nothing goes when nothing changed since
-        the delta the peer acknowledged, unless a keep-alive is due. Never raises (``_flush``
-        calls it too)."""
+        """One peer's tick: True when a delta went (nothing changed since the acknowledged one
+        and no keep-alive due: none). Never raises (``_flush`` calls it too)."""
         try:
             if peer.myself:
                 return False

@@ -127,9 +127,8 @@ class StateFile(Periodic):
         return d
 
     def restore(self) -> Deferred[None]:
-        """Read, decode and merge the file (a ``restore_sources`` entry). Never fails: a
-        missing file is a first start; an unreadable, truncated or corrupt one is logged and
-        the instance starts without it."""
+        """Read, decode and merge the file (a ``restore_sources`` entry). Never fails: a bad
+        file is logged and the instance starts without it."""
         async def go() -> None:
             try:
                 data = await self.in_thread(lambda: read_bytes(self.path))

@@ -74,10 +74,9 @@ class Delta:
 
 
 def fingerprint(config: Config) -> str:
-    """A hash of what peers must agree on to share state: the static backend set
-    (prefix ops and gauges name targets by backend URL), the key and tenant names (usage
-    cells), and the usage timezone (day buckets). DNS backend groups count by name and port
-    (their members are what every peer resolves). 16 hex digits."""
+    """A hash (16 hex digits) of what peers must agree on to share state: the static backend
+    set (ops and gauges name targets by URL; DNS groups by name and port), the key and tenant
+    names (usage cells), and the usage timezone (day buckets)."""
     what: dict[str, object] = {"backends": sorted(b.url for b in config.backends),
             "keys": sorted([k.name, k.tenant] for k in config.keys),
             "tenants": sorted(t.name for t in config.tenants),

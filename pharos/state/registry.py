@@ -275,8 +275,7 @@ def edge(anchor: float, span: float) -> float:
 def view_expires(target: Target, now: float, load_interval: float,
                  full_interval: float) -> float:
     """When the target's view as of ``now`` may next change by time alone: the first of its
-    fresh rounds to go stale (``view_of``'s freshness tests; a stale one stays stale until the
-    next round is written). ``inf``: not until something is written."""
+    fresh rounds to go stale. ``inf``: not until something is written."""
     b = target.backend
     out = math.inf
     full_at, load_at = b.full_at, b.load_at

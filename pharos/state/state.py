@@ -309,8 +309,7 @@ class State:
 
     def kept_view(self, target: Target) -> CachedView | None:
         """The target's kept view with what it is current for (``view_at``'s entry), for a
-        caller that keeps what it builds from the view and tests the entry as ``view_at``
-        does (the scheduler's kept candidates)."""
+        caller that keeps what it builds from it (the scheduler's candidates)."""
         return self._views.get(target)
 
     # --- feedback ------------------------------------------------------------------------
@@ -409,9 +408,8 @@ _CachedUp = tuple[int, float, float, tuple[Target, ...]]
 
 class Scraper(MultiService):
     """One backend's rounds: resolve, then load rounds every interval and a full round every
-    ``full_every``; a random start offset spreads backends; a failure is recorded and the
-    loop carries on. Its child, the ``LogFollower``, runs while the plan has active log
-    probes."""
+    ``full_every``, from a random offset; a failure is recorded and the loop carries on. Its
+    child, the ``LogFollower``, runs while the plan has active log probes."""
 
     def __init__(self, state: State, backend: BackendState) -> None:
         super().__init__()
