@@ -1,13 +1,12 @@
 """``pharos calibrate``: fit an idle engine's prefill cost model from its own timings.
 
-The cost model prices ``u`` uncached tokens after ``c`` cached ones at
-``P(u, c) = a·u + b·u·(c + u/2) + d`` seconds. Calibration sends prompts of known cached and
-uncached length, one at a time, the cached part alone first, and times each probe by the
-engine's *own* numbers so network and HTTP time stay out of the fit (reported apart):
+The cost model prices ``u`` uncached tokens after ``c`` cached ones at ``P(u, c) = a·u +
+b·u·(c + u/2) + d`` seconds. Prompts of known cached and uncached length go one at a time,
+timed by the engine's *own* numbers so network and HTTP time stay out of the fit:
 
 - vLLM: the ``vllm:request_prefill_time_seconds`` histogram's sum and count, read before and
-  after each probe (its cached tokens from ``vllm:prompt_tokens_cached_total``), both seen in
-  the live capture ``fixtures/vllm/0.32.0/prefix/metrics``;
+  after each probe, cached tokens from ``vllm:prompt_tokens_cached_total``
+  (``fixtures/vllm/0.32.0/prefix/metrics``);
 - llama.cpp: the reply's ``timings.prompt_ms``, ``prompt_n`` and ``cache_n``
   (``fixtures/llamacpp/b11312/idle/streams/completion.body``);
 - Ollama: the native reply's ``prompt_eval_duration`` (nanoseconds, the uncached part only) and

@@ -23,9 +23,8 @@ batch the writer checks that the path still names the open file and reopens it a
 rotation. A failed batch closes the file, so a path that becomes writable again recovers by
 itself. Each batch is flushed to the OS before it counts as written.
 
-**Errors are reported, never raised into the reactor.** A failed batch is counted in
-``failed``, ``error`` says why (``None`` once a batch lands again), and one log event is
-emitted per new error, not per batch.
+**Errors are reported, never raised into the reactor**: counted in ``failed``, ``error`` says
+why (``None`` once a batch lands again), one log event per new error, not per batch.
 """
 
 from __future__ import annotations

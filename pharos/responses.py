@@ -54,8 +54,7 @@ def read_key(path: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Counts for metrics (no content): records held, their ciphertext bytes, and what was
-    refused or dropped since start."""
+    """Counts for metrics (no content): records and ciphertext bytes held, outcomes since start."""
 
     held: int
     bytes: int
@@ -92,9 +91,8 @@ class ConversationStore:
             rid.encode("utf-8", "surrogatepass")
 
     def put(self, tenant: str, rid: str, items: list[Any]) -> bool:
-        """Store the conversation ``items`` as response ``rid`` of ``tenant``; False when it
-        is over ``max_bytes`` (nothing stored). An id already held for the tenant (an engine
-        that repeats ids) drops the held record and stores none: either would be a lie."""
+        """Store ``items`` as response ``rid`` of ``tenant``; False over ``max_bytes``. An id
+        already held (an engine that repeats ids) drops the held record too: either would lie."""
         plain = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode(
             "utf-8", "surrogatepass")
         if len(plain) > self.max_bytes:
@@ -161,8 +159,7 @@ class ConversationStore:
 
 
 class StoreCollector(Collector):
-    """The store's counts on ``/metrics`` (registered beside the proxy's metrics when the
-    state is on; no content, no ids)."""
+    """The store's counts on ``/metrics`` (no content, no ids)."""
 
     def __init__(self, store: ConversationStore) -> None:
         self.store = store

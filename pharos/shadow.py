@@ -183,8 +183,7 @@ class Shadow:
     # --- the scheduler's side: offer and return ------------------------------------------
 
     def offer(self, req: Any, placed: Any) -> None:
-        """``Scheduler.on_route``: queue the decision if its model has shadows (a dict
-        lookup and an append; nothing is computed here)."""
+        """``Scheduler.on_route``: queue the decision if its model has shadows (nothing else)."""
         fleet = self.fleet
         r = fleet.routing(req.model)
         if not r.shadow or placed.route is None:

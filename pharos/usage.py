@@ -15,9 +15,8 @@ refused request is not counted), so a burst is limited before it reaches an engi
 replaces it with the reply's real usage. Charging only after the reply would let every
 request admitted while others stream spend the same remaining budget.
 
-Unknown is ``None``, never 0: a reply without token counts is *unmetered*, and an unknown
-limit is no limit. Pure and synchronous: time comes from an injected clock, dates are in
-``usage.timezone``, no I/O.
+Unknown is ``None``, never 0: a reply without token counts is *unmetered*, an unknown limit
+is no limit. Pure: an injected clock, dates in ``usage.timezone``, no I/O.
 """
 
 from __future__ import annotations
@@ -121,9 +120,8 @@ ZERO: Final = Counts()
 
 
 class Calendar:
-    """Days in the usage timezone (``None``: the host's zone, with its daylight saving rules
-    as the C library knows them). A day number is the count of days since 1970-01-01 in that
-    zone, so peers agree on buckets whatever their own zone."""
+    """Days in the usage timezone (``None``: the host's). A day number counts days since
+    1970-01-01 in that zone, so peers agree on buckets whatever their own zone."""
 
     def __init__(self, timezone: str | None = None) -> None:
         self.zone: tzinfo | None = zoneinfo.ZoneInfo(timezone) if timezone else None
@@ -156,8 +154,7 @@ class Calendar:
 
 @dataclass(eq=False, slots=True)
 class Reservation:
-    """Tokens held against a key's and its tenant's budget for ``day`` until the request is
-    settled or released. Identity matters: each admitted request holds its own."""
+    """Tokens held against a key's and tenant's budget for ``day``; each request holds its own."""
 
     key: str
     tenant: str
@@ -184,8 +181,7 @@ def estimate_tokens(prompt_tokens: int, max_tokens: int | None,
 
 
 def rpm_estimate(prev: float, cur: float, elapsed: float) -> float:
-    """The sliding-window estimate of the last minute's requests: ``elapsed`` is the share
-    of the current minute gone (0 ≤ elapsed < 1)."""
+    """The last minute's requests; ``elapsed``: the share of the current minute gone."""
     return prev * (1.0 - elapsed) + cur
 
 
@@ -259,8 +255,7 @@ def parse_cell(raw: Mapping[str, object]) -> tuple[CellKey, Counts]:
 
 @dataclass(slots=True)
 class PeerReserved:
-    """A peer's open reservations for ``day`` (tokens per key and per tenant), as last
-    reported, and when (this process's clock) the report arrived."""
+    """A peer's open reservations for ``day`` as last reported, and when (our clock)."""
 
     heard_at: float
     day: int
@@ -311,8 +306,7 @@ class Ledger:
         self._tenant_reserved: dict[tuple[int, str], int] = {}
         #: Peers' open reservations by origin (their in-flight requests' held tokens).
         self.peers: dict[str, PeerReserved] = {}
-        #: Called after a reservation against a limit is made (``PeerNode.kick``: peers
-        #: learn of it on the next reactor turn, not the next tick).
+        #: Called after a reservation against a limit (``PeerNode.kick``: peers learn at once).
         self.on_reserve = on_reserve
         self._day: int | None = None
         self._day_start = math.inf

@@ -92,10 +92,9 @@ def at(path: str, name: str) -> str:
 
 
 class Kind:
-    """A field's value: how it is read (``None`` when bad, the error reported), written back
-    as JSON types, described in the JSON Schema, and named (``what``, in errors and the
-    reference). ``blank`` stands in for a required value that is missing or bad, so the
-    object's other fields are still checked."""
+    """A field's value: how it is read (``None`` when bad, reported), written as JSON, described
+    in the schema and named (``what``). ``blank`` stands in for a missing or bad required
+    value, so the object's other fields are still checked."""
 
     what: str
     blank: object = None
@@ -302,9 +301,9 @@ class Section(Kind):
 
 @dataclass(frozen=True)
 class Setting:
-    """One field's description: everything the parser, the schema, the admin document and the
-    reference need. ``file``: its name in the file (``a.b``: ``b`` in the mapping ``a``; empty:
-    not in the file); ``null``: what an explicit ``null`` means (``DEFAULT``: the default)."""
+    """One field's description for the parser, schema, admin document and reference.
+    ``file``: its name in the file (``a.b``: ``b`` in the mapping ``a``; empty: not in the
+    file); ``null``: what an explicit ``null`` means (``DEFAULT``: the default)."""
 
     kind: Kind
     doc: str

@@ -55,8 +55,7 @@ LABELS: Final = ("pharos.enable", "pharos.url", "pharos.port", "pharos.kind",
                  "pharos.memory_gb", "pharos.capacity")
 #: Containers Pharos lists: labelled, running (a paused one serves nothing).
 LIST_FILTERS: Final = {"label": [f"{ENABLE}=true"], "status": ["running"]}
-#: Events that can change that list; health checks' exec_* events would re-list every few
-#: seconds for nothing.
+#: Events that can change that list (health checks' exec_* events would re-list for nothing).
 EVENT_FILTERS: Final = {
     "type": ["container"],
     "label": [f"{ENABLE}=true"],

@@ -1,10 +1,7 @@
 # -*- test-case-name: tests.unit.test_dns_backends,tests.component.test_docker_discovery -*-
-"""The backend set: the static list ∪ Docker-labelled containers ∪ DNS members,
-handed whole to ``State.set_backends`` whenever a part changes.
-
-A URL is one backend: the static list wins over discovery, Docker over DNS, and a discovered
-backend a static one hides is logged once. Hot reload changes the static part through
-``set_static`` (the ``url:`` and ``dns:`` entries of ``backends:``); Docker and DNS keep theirs.
+"""The backend set: the static list ∪ Docker-labelled containers ∪ DNS members, handed whole
+to ``State.set_backends`` whenever a part changes. A URL is one backend: the static list wins
+over discovery, Docker over DNS, and a discovered backend a static one hides is logged once.
 """
 
 from __future__ import annotations

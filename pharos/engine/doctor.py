@@ -1,8 +1,5 @@
 """``pharos doctor``: what Pharos reads from each backend, and what would surprise a new user.
-
-The report is built from ``resolve`` (and the plan's log probes over the backend's log, when
-it has one) and rendered as text or as one JSON document.
-"""
+Built from ``resolve`` (and the log probes over the backend's log), as text or as JSON."""
 
 from __future__ import annotations
 

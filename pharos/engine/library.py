@@ -1,8 +1,6 @@
-"""The probe library and the recipe of every engine kind.
-
-Each probe here was seen in a capture under fixtures/ (live, or from the engine's source with
-the file named in its meta.yaml), and the replay tests in tests/replay/ hold it there.
-"""
+"""The probe library and the recipe of every engine kind. Each probe was seen in a capture
+under fixtures/ (live, or from the engine's source named in its meta.yaml), and the replay
+tests in tests/replay/ hold it there."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ SGLANG = "sglang"
 OPENAI = "openai"
 AUTO = "auto"
 
-#: Every recipe kind, in the order detection tries their fingerprints; ``openai`` is the
-#: generic fallback (mlx-lm, LM Studio, any OpenAI-compatible server).
+#: Every recipe kind in detection order; ``openai`` is the generic fallback (mlx-lm, LM Studio).
 KINDS: tuple[str, ...] = (LLAMASWAP, OLLAMA, LLAMACPP, VLLM, SGLANG, OPENAI)
 
 

@@ -1,8 +1,7 @@
 """Plans: which probes answer on one backend, discovered at runtime.
 
-``resolve`` runs a kind's whole recipe (plus the operator's own probes, first) once and keeps,
-per signal, the first probe that reads a known value; ``Plan.scrape`` then asks only those,
-with one GET per path; ``Plan.follow`` runs the log probes over log lines.
+``resolve`` runs a kind's recipe (own probes first) once and keeps, per signal, the first probe
+that reads a known value; ``Plan.scrape`` asks only those, one GET per path.
 """
 
 from __future__ import annotations

@@ -74,8 +74,7 @@ class Load:
     waiting: int | None = None
     capacity: int | None = None
     kv_usage: float | None = None
-    #: Tokens the engine's KV pool holds (vLLM: num_gpu_blocks x block_size); with kv_usage,
-    #: the room a prompt finds.
+    #: Tokens the KV pool holds (vLLM: num_gpu_blocks x block_size); with kv_usage, the room.
     kv_pool_tokens: int | None = None
 
     def get(self, signal: Signal) -> int | float | None:
@@ -97,8 +96,8 @@ class Snapshot:
     size_bytes: Mapping[str, int] | None = None
     load: Mapping[str, Load] = field(default_factory=dict)
     sources: Mapping[Signal, str] = field(default_factory=dict)
-    #: ``model_info`` and ``load_for`` answers by model, kept: a snapshot never changes, and
-    #: the scheduler asks both of every candidate of every decision.
+    #: ``model_info`` and ``load_for`` answers, kept: a snapshot never changes, and every
+    #: decision asks both of every candidate.
     _infos: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False,
                                          compare=False)
     _loads: dict[str, Load] = field(default_factory=dict, init=False, repr=False, compare=False)

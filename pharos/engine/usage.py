@@ -28,11 +28,10 @@ Known meanings, per engine:
   prompt, ``usage.input_tokens_details.cached_tokens`` the cached part, ``usage.output_tokens``
   the completion. In a stream only ``response.completed`` carries it, as ``response.usage``
   (``response.created`` and ``response.in_progress`` have ``"usage": null``).
-- Ollama native: ``prompt_eval_count`` is the whole prompt, cached included, from v0.30.1 on.
-  v0.30.0 alone counted only the uncached tokens there; no capture of v0.30.0 exists, so this
-  table does not special-case it (its prompt count would read low). ``prompt_eval_cached_count``
-  exists from v0.33.3 (present with 0 when nothing was cached). Durations are nanoseconds, and
-  every metric is omitted when zero (so a missing one is unknown, not 0).
+- Ollama native: ``prompt_eval_count`` is the whole prompt, cached included, from v0.30.1 on
+  (v0.30.0 alone counted only the uncached tokens; not special-cased, no capture exists).
+  ``prompt_eval_cached_count`` exists from v0.33.3 (0 when nothing was cached). Durations are
+  nanoseconds; every metric is omitted when zero (so a missing one is unknown, not 0).
 
 Embeddings generate no tokens, but nothing in their body says so: the caller passes
 ``embeddings=True`` for ``/v1/embeddings`` and ``/api/embed`` and the completion count is 0.
@@ -147,8 +146,8 @@ def _below_envelope(path: tuple[str, ...]) -> str:
     return path[i]
 
 
-#: The keys any usage value hangs from, at the top level or right inside an envelope
-#: ("usage", "timings", "eval_count", ...): a line carrying usage holds one of them.
+#: The keys any usage value hangs from, at the top or inside an envelope: a line carrying
+#: usage holds one.
 USAGE_KEYS: frozenset[str] = frozenset(
     _below_envelope(path)
     for fields in USAGE_FIELDS.values() for f in fields for path in (*f.paths, *f.plus)

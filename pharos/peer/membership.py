@@ -1,9 +1,7 @@
-"""Who the peers are: the ``peers.members`` list, or every address ``peers.dns``
-resolves to, re-resolved every ``DNS_INTERVAL`` seconds.
-
-A member is a ``host:port`` (``[v6]:port``) string. The resolver is injected; ``DnsResolver``
-asks Twisted's resolver chain for every A record (a Kubernetes headless Service answers so).
-Which member is this instance is learned from ``Pharos-Origin`` on its replies, not here.
+"""Who the peers are: the ``peers.members`` list, or every address ``peers.dns`` resolves to
+(re-resolved every ``DNS_INTERVAL`` seconds), each a ``host:port`` (``[v6]:port``) string.
+``DnsResolver`` asks Twisted's resolver chain for every A record, as a Kubernetes headless
+Service answers. Which member is this instance is learned from ``Pharos-Origin``, not here.
 """
 
 from __future__ import annotations

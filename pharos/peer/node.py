@@ -175,8 +175,7 @@ class PeerNode(Service):
         self.origins: dict[str, Origin] = {}
         self.seq = 0
         self.leaving = False
-        #: Counts for metrics: deltas refused (by reason) and origins whose fingerprint
-        #: differs from ours.
+        #: For metrics: deltas refused by reason, origins whose fingerprint differs from ours.
         self.refused: dict[str, int] = {}
         self.fingerprint_mismatch: set[str] = set()
         self._resolve_loop = Periodic(clock, DNS_INTERVAL, self._resolve, now=True,
@@ -290,9 +289,8 @@ class PeerNode(Service):
               dispatched: list[PrefixOp] | None = None,
               state: tuple[object, ...] | None = None, keepalive: bool = False,
               since: tuple[object, ...] | None = None) -> Delta:
-        """This instance's delta now (a keep-alive: gauges only). ``since``: what the receiver
-        acknowledged last; only cells that differ go. Retention always goes, so a receiver
-        that dropped a target's retention gets it back."""
+        """This instance's delta now (a keep-alive: gauges only); only cells that differ from
+        ``since`` go. Retention always goes, so a receiver that dropped it gets it back."""
         self.seq += 1
         fp, gauges, cells, retention = self.state() if state is None else state
         assert isinstance(cells, list)

@@ -59,8 +59,7 @@ INFLATE_STEP: Final = 256 * 1024
 CHECK_STEP: Final = 4 * 1024 * 1024
 #: A longer line is refused (parsing it would hold the reactor for tens of ms).
 MAX_LINE_BYTES: Final = 1024 * 1024
-#: A snapshot inflating past this is refused (a gzip bomb, or not a snapshot): 200k prefix
-#: entries and 80k cells take about 31 MB.
+#: A snapshot inflating past this is refused (a gzip bomb, or not a snapshot).
 MAX_DECODED_BYTES: Final = 512 * 1024 * 1024
 _U64: Final = 2**64
 #: Seconds between two slices of steps: the next reactor turn (a zero delay would run every
@@ -74,8 +73,7 @@ ROOT_ROWS: Final = 8
 
 @dataclass
 class Restored:
-    """What a restore merged and dropped, per part (prefix counted in slots), and whose
-    snapshot it was (``None`` until its header is read)."""
+    """What a restore merged and dropped, per part (prefix in slots), and whose snapshot."""
 
     prefix_merged: int = 0
     prefix_dropped: int = 0  # slots of targets not seen here (yet)
@@ -123,8 +121,7 @@ class Replicas:
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    """A whole decoded snapshot (``decode``: tests and tools; an instance merges the bytes
-    with ``restore_bytes`` and never holds one), prefix entries most recent first."""
+    """A whole decoded snapshot (tests and tools), prefix entries most recent first."""
 
     proto: int
     origin: str
@@ -200,8 +197,7 @@ def _batches(items: Iterator[Any], size: int = PART_ITEMS) -> Iterator[list[Any]
 
 def _cooperate(clock: IReactorTime, steps: Iterator[None],
                steps_per_turn: int | None = None) -> Deferred[None]:
-    """Run ``steps`` a slice at a time on ``clock`` (about 10 ms of them, or
-    ``steps_per_turn``); fires when they are done."""
+    """Run ``steps`` a slice (about 10 ms, or ``steps_per_turn``) at a time on ``clock``."""
     if steps_per_turn is None:
         coop = Cooperator(scheduler=lambda f: clock.callLater(TURN, f))
     else:

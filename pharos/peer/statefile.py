@@ -1,11 +1,10 @@
-"""The state file (``state_file:``): the Snapshot on disk, so a single instance keeps
-its prefix index, usage and speeds across restarts.
-
-Written every ``WRITE_EVERY`` seconds and once more after the drain, so nothing counted is
-lost: built in steps on the reactor, then written to a temporary file, synced and renamed
-over it in a thread, so a crash mid-write leaves the previous file whole. At start it is read
-in a thread and merged in steps like a peer's snapshot; a missing file is a first start, and
-a corrupt one is logged and the instance starts empty rather than not at all.
+"""The state file (``state_file:``): the Snapshot on disk, so a single instance keeps its
+prefix index, usage and speeds across restarts. Written every ``WRITE_EVERY`` seconds and once
+more after the drain, so nothing counted is lost: built in steps on the reactor, then written
+to a temporary file, synced and renamed over it in a thread, so a crash mid-write leaves the
+previous file whole. At start it is read in a thread and merged in steps like a peer's
+snapshot; a missing file is a first start, and a corrupt one is logged and the instance
+starts empty rather than not at all.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ log = Logger()
 #: Seconds between writes.
 WRITE_EVERY: Final = 30.0
 
-#: Runs a blocking function off the reactor thread (``deferToThreadPool``; tests run it
-#: in place).
+#: Runs a blocking function off the reactor thread (tests run it in place).
 InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
 
 

@@ -2,18 +2,16 @@
 
 A delta carries this origin's absolute gauges and recent usage cells, so a lost one is
 repaired by the next, plus the prefix ops since the last tick (lossy hints). Unknown fields
-are ignored, so a later release may add some without a bump; ``proto`` changes only for
-breaking changes, and a peer on another proto is answered 409 (``ProtoMismatch``).
+are ignored, so a later release may add some without a bump; a peer on another ``proto`` is
+answered 409 (``ProtoMismatch``).
 
 A delta also carries ``dispatch``: the requests this origin sent since its last delta, each a
-predicted record. A delta without the field comes from an older peer (older peers ignore it,
-so no proto bump), whose records then stand for its sends (``Delta.dispatched`` is None).
-And ``retention``: per target the root tokens its cache was last seen to retain and when
-(the receiver keeps the one learned last), so every instance drops stale predictions alike.
+predicted record; without it (an older peer) its records stand for its sends. And
+``retention``: per target the root tokens its cache was last seen to retain and when (the
+receiver keeps the latest), so every instance drops stale predictions alike.
 
-Decoding checks the shape only (types and bounds); each owning module checks its own part
-when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
-No prompt text travels: prefix ops are 64-bit hashes and a target key.
+Decoding checks the shape only; each owning module checks its part when it merges. No prompt
+text travels: prefix ops are 64-bit hashes and a target key.
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ class Delta:
     cells: Sequence[Mapping[str, Any]] = ()
     prefix: Sequence[PrefixOp] = ()
     proto: int = PROTO
-    #: The sender's dispatches since its last delta (``PrefixOp.dispatched``); None: a peer
-    #: of a release that does not tell them (its records stand for its sends).
+    #: The sender's dispatches since its last delta; None: an older peer (records stand).
     dispatched: Sequence[PrefixOp] | None = None
     #: Each target's learned retention (rows without roots); None: not sent.
     retention: Sequence[RootsRow] | None = None

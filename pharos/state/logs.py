@@ -1,11 +1,10 @@
 """The log follower: one backend's log feed through its plan's log probes.
 
-Started by the backend's scraper once its plan has active log probes. Each line goes through
-``Plan.follow_line`` in memory and is dropped; only the values it set are kept, in the
-backend's log snapshot (``BackendState.log``), apart from the scraped rounds, so they do not go
-stale with the scrape interval. ``view_of`` takes a signal from it only where no scraped probe
-knows the signal. While the feed is disconnected the log snapshot is ``None`` (its values are
-unknown, never 0) and the follower reconnects with backoff, 1 s doubling to 30 s.
+Started once the plan has active log probes. Each line goes through ``Plan.follow_line`` in
+memory and is dropped; the values it set are kept in ``BackendState.log``, apart from the
+scraped rounds so they do not go stale with the scrape interval, and used only where no
+scraped probe knows the signal. While the feed is disconnected that is ``None`` (unknown,
+never 0) and the follower reconnects with backoff.
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ class BackendState:
     replied_at: float | None = None
     removed: bool = False
     rounds: int = 0
-    #: Values its log feed's lines set (``pharos.state.logs``); ``None`` while no feed is
-    #: connected. Used only where no scraped probe knows the signal.
+    #: Values its log feed set, used where no scraped probe knows; ``None``: no feed connected.
     log: Snapshot | None = None
 
     #: The stamp of its last write that a view may read (``_STAMPS``); ``changes``: the last
@@ -113,8 +112,7 @@ class Target:
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once
     queue_rounds: int = 0  # consecutive rounds the engine reported a queue
     pressed: bool = False  # a request came while it had no free slot, since the last round
-    #: Uncached prompt tokens Pharos sent it since the last round: KV the engine's last
-    #: reported usage does not show yet.
+    #: Uncached prompt tokens sent since the last round: KV its reported usage lacks yet.
     kv_sent_tokens: int = 0
     #: Uncached prompt tokens of Pharos's requests on it still without a first byte: an
     #: engine's usage holds none of a prompt still queued there and only the chunks computed
@@ -142,13 +140,11 @@ class Target:
     #: next decision rebuilds the candidate and keeps the view.
     stamp: ClassVar[int] = 0
     view_stamp: ClassVar[int] = 0
-    #: Fields ``view_of`` and ``view_expires`` read (a test checks that writing any other
-    #: leaves a fresh view equal to the kept one).
+    #: Fields ``view_of`` and ``view_expires`` read (a test checks the others do not matter).
     VIEWED: ClassVar[frozenset[str]] = frozenset({
         "id", "backend", "model", "served", "loaded_reply_at", "last_release_at"})
     #: Fields neither ``view_of`` nor ``Scheduler.candidate`` reads, written without a new
-    #: stamp (``pressed`` is set on every full candidate of every decision). A test checks
-    #: that writing any of them leaves a fresh candidate equal to the cached one.
+    #: stamp (``pressed`` is set on every candidate of every decision). A test checks them.
     QUIET: ClassVar[frozenset[str]] = frozenset({
         "pressed", "unstarted", "last_first_byte_at", "capacity_seen_max", "quiet_rounds",
         "gen", "kv_unstarted_tokens", "kv_round", "pace_until",

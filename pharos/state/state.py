@@ -79,8 +79,7 @@ class State:
         self.full_interval = load_interval * full_every
         self.fetch_timeout = fetch_timeout
         self.on_round = on_round
-        #: Told when a backend stops answering (a failed round, a refused connection), so
-        #: requests waiting on it go elsewhere.
+        #: Told when a backend stops answering, so requests waiting on it go elsewhere.
         self.on_down = on_down
         #: Told of each background decision as (backend, stage, outcome): metrics count them.
         self.on_decision = on_decision
@@ -92,8 +91,7 @@ class State:
                 return HTTPFetcher(spec.url, http, clock, timeout=fetch_timeout)
 
         self.fetcher_for = fetcher_for
-        #: A backend's log feed from its spec (``logs:``); Docker discovery passes one that
-        #: also reads ``docker://`` containers.
+        #: A backend's log feed from its spec (Docker discovery adds ``docker://``).
         self.log_feed_for = log_feed_for if log_feed_for is not None else default_feeds(clock)
         self.service = MultiService()
         self.backends: dict[str, BackendState] = {}
@@ -369,8 +367,7 @@ class State:
         if full:
             self._bump_generations(b, b.full, snap)
             b.full, b.full_at, b.full_round = snap, now, b.rounds
-            # Each target serves the name this engine listed (several engine names may be
-            # one client name: the fleet's aliases, ``pharos.models``).
+            # Each target serves the name the engine listed (aliases map several to one).
             for served in listed or ():
                 self.target(b, aliases.get(served, served), served)
         b.load, b.load_at = snap, now

@@ -1,5 +1,4 @@
-"""Speed estimates learned from request feedback: EWMAs that are unknown
-until their first sample, never 0."""
+"""Speed estimates learned from request feedback: EWMAs unknown until a sample, never 0."""
 
 from __future__ import annotations
 
