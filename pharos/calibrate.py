@@ -1,29 +1,24 @@
 """``pharos calibrate``: fit an idle engine's prefill cost model from its own timings.
 
-The router's cost model prices a prompt of ``u`` uncached tokens after ``c`` cached ones at
-``P(u, c) = a·u + b·u·(c + u/2) + d`` seconds (the related system's cost model, and the
-simulated engines' latency model). Calibration sends the engine prompts of known cached and
-uncached length, one at a time, the cached part sent alone first so the probe finds it cached,
-and times each probe by the engine's *own* numbers so network and HTTP time stay out of the
-fit (they are reported apart):
+The cost model prices ``u`` uncached tokens after ``c`` cached ones at ``P(u, c) = a·u +
+b·u·(c + u/2) + d`` seconds. Prompts of known cached and uncached length go one at a time,
+timed by the engine's *own* numbers so network and HTTP time stay out of the fit:
 
 - vLLM: the ``vllm:request_prefill_time_seconds`` histogram's sum and count, read before and
-  after each probe (its cached tokens from ``vllm:prompt_tokens_cached_total``), both seen in
-  the live capture ``fixtures/vllm/0.32.0/prefix/metrics``;
+  after each probe, cached tokens from ``vllm:prompt_tokens_cached_total``
+  (``fixtures/vllm/0.32.0/prefix/metrics``);
 - llama.cpp: the reply's ``timings.prompt_ms``, ``prompt_n`` and ``cache_n``
   (``fixtures/llamacpp/b11312/idle/streams/completion.body``);
 - Ollama: the native reply's ``prompt_eval_duration`` (nanoseconds, the uncached part only) and
   ``prompt_eval_count`` (the whole prompt), with ``prompt_eval_cached_count`` where the engine
   sends it (FACTS.md, Ollama), else the cached part taken as the prefix probe's count.
 
-The fit is a least squares fit that keeps every term non-negative; with three terms it is
-solved exactly by trying every subset of free terms (``nnls``). Every run sends fresh prompts
-from its own seed, printed with the result, so nothing cached earlier is mistaken for work.
-
-An engine that is busy is waited for (``--busy-wait``) and then refused; a probe another
-request disturbed (vLLM's count moved by more than one) is sent again once; a probe whose
-numbers cannot be true (no time, negative time, more cached tokens than prompt tokens) is
-refused with what it said, and too few good probes fail the run rather than fit noise.
+The fit is a non-negative least squares (``nnls``: exact for three terms). Every run sends
+fresh prompts from its own seed, so nothing cached earlier is mistaken for work. A busy
+engine is waited for (``--busy-wait``) and then refused; a probe another request disturbed
+(vLLM's count moved by more than one) is sent again once; a probe whose numbers cannot be
+true is refused with what it said, and too few good probes fail the run rather than fit
+noise.
 """
 
 from __future__ import annotations
@@ -120,9 +115,9 @@ def _solve(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] 
 
 
 def nnls(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
-    """Non-negative least squares for a handful of columns: the best of the unconstrained
-    fits over every subset of columns whose coefficients all come out non-negative (the
-    optimum has some active set, so this is exact). Columns are scaled to unit norm first."""
+    """Non-negative least squares for a handful of columns: the best unconstrained fit over
+    every subset of columns that comes out non-negative (exact: the optimum has some active
+    set). Columns are scaled to unit norm first."""
     n = len(rows[0])
     norms = [max(sum(r[j] ** 2 for r in rows) ** 0.5, 1e-300) for j in range(n)]
     scaled = [[r[j] / norms[j] for j in range(n)] for r in rows]

@@ -1,43 +1,30 @@
-"""A JSON-lines journal written off the reactor: the usage journal (``usage.journal: FILE``,
-issue 11 item 5) and the decision log (issue 12 item 4) both write through it.
-
-The caller passes each record as a dict; this module serializes what it is given and nothing
-else, so what reaches the file is what the caller chose (never prompt text: the callers never
-hand it over).
+"""A JSON-lines journal written off the reactor: the usage journal (``usage.journal: FILE``)
+and the decision log both write through it. It writes only the dicts callers hand over
+(never prompt text: the callers never hand it over).
 
 **Cheap per record.** ``write`` serializes the record (a record that cannot be serialized is
-reported where it was made) and appends the line to an in-memory batch; nothing else happens
-per record. The batch goes to the writer thread when the timer fires (``interval`` seconds
-after the first line of the batch, 0.5 s by default) or at once when it passes
-``batch_records`` lines or ``batch_bytes``, whichever comes first: one thread round trip per
-batch, never per record (a round trip per record cost more than the rest of the
-observability together; ``contrib/bench/overhead-observe-2026-12-02``).
+reported where it was made) and appends the line to an in-memory batch. The batch goes to
+the writer thread ``interval`` seconds after its first line, or at once past
+``batch_records`` lines or ``batch_bytes``: one thread round trip per batch, never per
+record (a round trip per record cost more than the rest of the observability together).
 
-**Never blocking the reactor.** All disk I/O happens in a thread, over a batch the reactor
-handed over and no longer touches. Batches go through ``deferToThreadPool`` on the reactor's
-thread pool (by default), one at a time: the next is handed over when the previous one has
-landed, so lines keep their order, the journal never holds more than one pool thread (a
-stalled disk cannot starve DNS lookups or other pool users) and needs no thread of its own.
+**Never blocking the reactor.** All disk I/O happens in a thread of the reactor's pool, one
+batch at a time: the next is handed over when the previous one has landed, so lines keep
+their order and a stalled disk holds one pool thread at most (DNS lookups still get one).
 
-**Bounded memory; what is dropped.** ``capacity`` records and ``max_bytes`` bound what is
-pending and being written together. Past either bound ``write`` drops the record and counts
-it in ``dropped`` rather than wait (issue 11 item 5 and issue 12 item 4 both say so: the
-reactor never blocks on the disk). A batch is handed over at a tenth of the bound, so a disk
-that keeps up never sees a drop, for the usage journal or the decision log: only a writer
-stuck for the time it takes to accept ``capacity`` records drops. ``close`` hands over
-everything pending at once and fires when it has landed. What a crash (not a stop) loses is
-the batch not yet handed over: at most ``interval`` seconds of records.
+**Bounded memory.** ``capacity`` records and ``max_bytes`` bound what is pending and being
+written together; past either ``write`` drops the record and counts it in ``dropped``
+rather than block. A batch is handed over at a tenth of the bound, so only a writer stuck
+for ``capacity`` records drops. ``close`` hands over everything pending and fires when it
+has landed. A crash loses at most ``interval`` seconds of records.
 
-**The file stays open** between batches (in the writer: only the thread writing a batch
-touches it). Before each batch the writer checks that the path still names the open file; a
-log rotator that renamed or removed it is followed by reopening the path. A batch that fails
-closes the file, so the next batch reopens it: a path that becomes writable again (disk
-space freed, directory created) recovers by itself. Each batch is flushed to the OS before
-it counts as written. ``close`` closes the file.
+**The file stays open** between batches, touched only by the writing thread. Before each
+batch the writer checks that the path still names the open file and reopens it after a log
+rotation. A failed batch closes the file, so a path that becomes writable again recovers by
+itself. Each batch is flushed to the OS before it counts as written.
 
-**Errors are reported, never raised into the reactor.** A batch that cannot be written is
-counted in ``failed``, ``error`` says why (``None`` once a batch lands again), and one log
-event is emitted per new error, not per batch.
+**Errors are reported, never raised into the reactor**: counted in ``failed``, ``error`` says
+why (``None`` once a batch lands again), one log event per new error, not per batch.
 """
 
 from __future__ import annotations
@@ -118,13 +105,8 @@ class _File:
 
 class Journal:
     """Appends one JSON line per ``write`` to ``path``, in batches, off the reactor thread.
-
-    ``reactor`` delivers results from the writer thread; ``threadpool`` runs the writes
-    (default: the reactor's); ``clock`` times the batches (default: the reactor).
-    ``capacity`` and ``max_bytes`` bound the records pending or being written; a batch is
-    handed over after ``interval`` seconds, or at ``batch_records`` lines or ``batch_bytes``
-    (default: a tenth of the bounds). ``name`` is how log events call it.
-    """
+    ``threadpool`` and ``clock`` default to the reactor's; ``batch_records`` and
+    ``batch_bytes`` to a tenth of the bounds. ``name`` is how log events call it."""
 
     def __init__(self, path: str | Path, reactor: IReactorFromThreads,
                  capacity: int = DEFAULT_CAPACITY, threadpool: ThreadPool | None = None, *,
@@ -245,9 +227,8 @@ class Journal:
             d.callback(None)
 
     def close(self) -> Deferred[None]:
-        """Stop accepting records and hand over what is pending now; the Deferred fires once
-        everything accepted before has been written (or counted as failed) and the file is
-        closed. It never fails."""
+        """Stop accepting records and hand over what is pending; the Deferred fires once all of
+        it is written (or counted as failed) and the file is closed. It never fails."""
         self._closing = True
         d: Deferred[None] = Deferred()
         self._closed.append(d)

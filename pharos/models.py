@@ -1,6 +1,6 @@
-"""The fleet's models (issue 17 items 1 and 3): one name for a model that engines serve under
-different names, and each model's routing: its policy, an A/B split between policies, shadow
-policies, and a prefill cost model.
+"""The fleet's models: one name for a model that engines serve under different names, and
+each model's routing: its policy, an A/B split between policies, shadow policies, and a
+prefill cost model.
 
 ``models:`` in the config::
 
@@ -12,19 +12,14 @@ policies, and a prefill cost model.
         shadow: [least-load, p2c]           # default: routing.shadow
         cost_model: {prefill_token_s: 1e-4, prefill_pair_s: 3.3e-9, prefill_fixed_s: 0.005}
 
-An engine that lists one of a model's aliases has it renamed to the model's name as each of its
-snapshots arrives (the backends' ``aliases:`` composed with the fleet's, the backend's own
-rename first), so routing, keys' allow-lists, usage and the prefix index see one name; a
-client may ask for the name or any alias. Only the request body sent to an engine names the
-engine's own model: ``rewrite_model`` changes the bytes of the body's top-level ``model``
-value (or inserts one when the client sent none and the fleet serves exactly one model) and
-leaves every other byte as the client sent it; where it cannot be sure of the spot it says so
-and the caller re-encodes.
+An engine's alias is renamed to the model's name as each of its snapshots arrives (the
+backend's own ``aliases:`` first, then the fleet's), so routing, allow-lists, usage and the
+prefix index see one name. Only the body sent to an engine names the engine's own model:
+``rewrite_model`` splices the top-level ``model`` value and leaves every other byte as sent.
 
-Split arms are chosen from the request's conversation key (``x-session-id`` or the body's
-``user``), else its request id: the same conversation always lands on the same arm, and a
-retry carries its request's policy. This module holds values and pure functions; it does no
-I/O and imports nothing from the proxy.
+Split arms are chosen from the conversation key (``x-session-id`` or ``user``), else the
+request id: a conversation always lands on the same arm, and a retry keeps its policy. Pure
+values and functions; no I/O, nothing imported from the proxy.
 """
 
 from __future__ import annotations
@@ -79,9 +74,8 @@ def parse_policy(raw: object, path: str, error: Report) -> str | None:
 
 
 def parse_split(raw: object, path: str, error: Report) -> tuple[tuple[str, int], ...] | None:
-    """``{policy: weight, ...}``: known policies, integer weights >= 0 adding up to 100, at
-    least one arm above 0. None (reported) when anything is wrong: a split is applied whole
-    or not at all."""
+    """``{policy: weight, ...}`` adding up to 100. None (reported) when anything is wrong: a
+    split is applied whole or not at all."""
     if not isinstance(raw, dict) or not raw:
         error(path, f"expected a mapping of policy to percent, got {_show(raw)}")
         return None
@@ -107,8 +101,7 @@ def parse_split(raw: object, path: str, error: Report) -> tuple[tuple[str, int],
 
 
 def parse_shadow(raw: object, path: str, error: Report) -> tuple[str, ...] | None:
-    """``[policy, ...]``: known policies, each once. None (reported) when anything is
-    wrong."""
+    """``[policy, ...]``: known policies, each once; None (reported) otherwise."""
     if not isinstance(raw, list):
         error(path, f"expected a list of policies, got {_show(raw)}")
         return None
@@ -128,9 +121,8 @@ def parse_shadow(raw: object, path: str, error: Report) -> tuple[str, ...] | Non
 def parse_models(raw: object, error: Report,
                  cost_model: Callable[[object, str], tuple[float, float, float] | None]
                  ) -> tuple[ModelSpec, ...]:
-    """``models:``: each entry's fields checked, every name and alias used once across the
-    list (an alias naming another model would make a request's model depend on the order).
-    ``cost_model`` parses a ``cost_model:`` mapping (the backends' parser)."""
+    """``models:``, every name and alias used once across the list (else a request's model
+    would depend on the order). ``cost_model`` is the backends' ``cost_model:`` parser."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -199,8 +191,8 @@ _B = TypeVar("_B", bound=HasAliases)
 
 
 def arm(split: Sequence[tuple[str, int]], key: bytes) -> str:
-    """The split's arm for ``key``: a 64-bit hash of it, mod 100, into the cumulative
-    weights in file order. The same key always gets the same arm."""
+    """The split's arm for ``key``: its hash mod 100 into the cumulative weights, so a key
+    always gets the same arm."""
     point = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SPLIT_TOTAL
     for name, weight in split:
         if point < weight:
@@ -211,8 +203,7 @@ def arm(split: Sequence[tuple[str, int]], key: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ModelRouting:
-    """How one model is routed: the policy config of each arm (one arm without a split), its
-    split, and its shadow policies."""
+    """How one model is routed: each arm's policy config, its split and its shadows."""
 
     arms: Mapping[str, PolicyConfig]
     split: tuple[tuple[str, int], ...] | None
@@ -265,8 +256,8 @@ class Fleet:
         return self._by_model.get(model, self._default)
 
     def policy_for(self, model: str, key: bytes) -> PolicyConfig | None:
-        """The policy config routing a request for ``model`` whose conversation (or request
-        id) is ``key``: its split's arm, else the model's policy; None: the scheduler's."""
+        """The policy config for ``model`` and request ``key``: the split's arm, else the
+        model's policy; None: the scheduler's."""
         r = self._by_model.get(model, self._default)
         if r.plain:
             return None
@@ -281,8 +272,7 @@ class Fleet:
     # --- names ---------------------------------------------------------------------------
 
     def resolve(self, model: str | None, served: Callable[[], Collection[str]]) -> str | None:
-        """The name a request's model stands for: an alias's model, else itself. No model:
-        the one model the fleet serves (``served()``), else None."""
+        """The name a request's model stands for; with none, the one model served, else None."""
         if model is None:
             names = served()
             if len(names) != 1:
@@ -291,8 +281,7 @@ class Fleet:
         return self.names.get(model, model)
 
     def with_aliases(self, specs: Iterable[_B]) -> list[_B]:
-        """Backend specs with the fleet's aliases composed into their own (the backend's
-        rename first, then the fleet's): engine name -> model name."""
+        """Backend specs with the fleet's aliases composed after their own."""
         if not self._aliases:
             return list(specs)
         out: list[_B] = []
@@ -304,8 +293,7 @@ class Fleet:
         return out
 
     def listing(self, served: Collection[str]) -> list[tuple[str, str | None]]:
-        """``/v1/models``' names: each served model (None) and, for a fleet model that is
-        served, each alias (its model's name), models sorted, aliases in file order."""
+        """``/v1/models``' names: each served model (None), then its aliases (its name)."""
         out: list[tuple[str, str | None]] = []
         for name in sorted(served):
             out.append((name, None))
@@ -326,16 +314,12 @@ _ESCAPED_LETTER: Final = b"\\u006"
 
 
 def rewrite_model(raw: bytes, served: str, present: bool) -> bytes | None:
-    """``raw`` with its top-level ``model`` value replaced by ``served`` (``present``: the
-    client sent one), or ``"model":served`` inserted after the opening brace (it sent none);
-    every other byte as sent. None where the spot is not certain (the key spelled with
-    escapes, written twice, or holding something other than a string): the caller re-encodes.
-
-    Why the one plain occurrence is the top-level key: the decode found a top-level
-    ``model``, spelled either plainly (then it is an occurrence of ``"model"``, and there is
-    one) or with escapes (a ``\\u006`` in the body, declined). Cost: two searches for the
-    key (one pass over the body together), one for ``\\u006`` and the splice, all in C;
-    measured in ``contrib/bench/alias-rewrite-2026-12-02``."""
+    """``raw`` with its top-level ``model`` value replaced by ``served`` (``present``), or
+    ``"model":served`` inserted after the opening brace; every other byte as sent. None
+    where the spot is not certain (key escaped, written twice, not a string): re-encode. The
+    one plain occurrence is the top-level key: the decode found a top-level ``model``,
+    spelled plainly (an occurrence of ``"model"``, and there is one) or with escapes (a
+    ``\\u006`` in the body, declined)."""
     value = json.dumps(served, ensure_ascii=False).encode()
     if not present:
         start = raw.find(b"{")
@@ -361,8 +345,7 @@ def request_key(session: int | None, request_id: str) -> bytes:
 
 
 def describe(fleet: Fleet) -> dict[str, Any]:
-    """The fleet's routing for people and the shadow log: per model its arms, split and
-    shadows, and the global one (no names of prompts, only of models and policies)."""
+    """The fleet's routing for people and the shadow log, per model and global."""
     def one(r: ModelRouting) -> dict[str, Any]:
         return {"policy": r.default, "split": dict(r.split) if r.split else None,
                 "shadow": list(r.shadow)}

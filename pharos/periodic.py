@@ -19,15 +19,13 @@ log = Logger()
 
 
 class Periodic(Service):
-    """Calls ``work`` (it may return a Deferred or be a coroutine function) every
-    ``interval`` seconds on ``clock`` while running, counted from the end of the last call.
+    """Calls ``work`` (a Deferred or coroutine is waited for) every ``interval`` seconds on
+    ``clock`` while running, counted from the end of the last call.
 
     The first call comes at start when ``now``, else after ``random() * interval`` when
-    ``spread`` (so loops started together do not run in step), else after ``interval``.
-    ``jitter`` varies every later wait by up to that fraction either way. A failure of
-    ``work`` is logged as "``what`` failed" and the loop goes on. ``stopService`` cancels
-    the next call and fires once the call under way has ended (cancelled first when
-    ``cancel``); it never fails.
+    ``spread``, else after ``interval``; ``jitter`` varies later waits by up to that fraction.
+    A failure is logged as "``what`` failed" and the loop goes on. ``stopService`` fires once
+    the call under way has ended (cancelled first when ``cancel``); it never fails.
     """
 
     def __init__(self, clock: IReactorTime, interval: float, work: Callable[[], object], *,

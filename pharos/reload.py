@@ -1,12 +1,7 @@
-"""Hot reload: the config file is read again when its modification time changes
-(checked every ``RELOAD_EVERY`` seconds), at once on SIGHUP, and when an admin asks
-(``POST /admin/reload``). The live fields (``config.LIVE_FIELDS``: keys, tenants, static
-backends, routing guards, data-plane timeouts) apply; any other changed field is logged as
-needing a restart; a file that does not parse is logged with every error and the running
-config stays.
-
-The check is a ``stat`` every 10 s on the reactor thread (microseconds, off the request
-path); the read and parse run only when the file changed or a reload is asked for.
+"""Hot reload: the config file is read again when its modification time changes (a ``stat``
+every ``RELOAD_EVERY`` seconds on the reactor), on SIGHUP, and on ``POST /admin/reload``.
+The live fields (``config.LIVE_FIELDS``) apply; any other changed field is logged as needing
+a restart; a file that does not parse is logged with every error and the config stays.
 """
 
 from __future__ import annotations
@@ -42,9 +37,8 @@ _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
 class ConfigWatcher(Periodic):
-    """Re-reads ``path`` when it changes (or when told to) and hands the config to put in
-    force to ``apply``: ``current`` with the changed live fields; ``current`` is the config
-    in force. The first check runs at start."""
+    """Re-reads ``path`` when it changes (or when told to) and hands ``apply`` the config in
+    force (``current``) with the changed live fields. The first check runs at start."""
 
     def __init__(self, path: str, current: Config, apply: Callable[[Config], None],
                  clock: IReactorTime, interval: float = RELOAD_EVERY) -> None:
@@ -100,13 +94,11 @@ class ConfigWatcher(Periodic):
 class Sighup(Service):
     """SIGHUP calls ``reload`` on the reactor thread while this service runs.
 
-    The handler only schedules (``callFromThread``, the same way Twisted's own SIGINT handler
-    stops the reactor): a signal arrives between any two bytecodes, and the reload touches
-    state the reactor owns. twistd and the reactor handle INT, TERM, CHLD and USR1 (log
-    rotation) and leave HUP alone; whatever handler was there before (the default ends the
-    process) comes back when the service stops, unless someone replaced ours meanwhile.
-    Nothing is installed off the main thread (``signal.signal`` works only there) or where
-    the platform has no SIGHUP."""
+    The handler only schedules (``callFromThread``, as Twisted's own SIGINT handler does): a
+    signal arrives between any two bytecodes, and the reload touches state the reactor owns.
+    twistd leaves HUP alone; the handler there before comes back when the service stops,
+    unless someone replaced ours meanwhile. Nothing is installed off the main thread
+    (``signal.signal`` works only there) or where the platform has no SIGHUP."""
 
     def __init__(self, reactor: IReactorFromThreads, reload: Callable[[], object]) -> None:
         self.reactor = reactor

@@ -1,19 +1,16 @@
-"""Responses conversation state (issue 17 item 6, seed 003): the stored conversations behind
-``previous_response_id``, encrypted at rest, scoped to a tenant, bounded in count, age and size.
+"""Responses conversation state: the stored conversations behind ``previous_response_id``,
+encrypted at rest, scoped to a tenant, bounded in count, age and size.
 
-One record per stored response: the whole conversation up to it (its expanded input items
-and the output items of its reply), so a newer turn never depends on an older record that
-retention dropped. Each record is JSON encrypted with AES-256-GCM under the key of
-``responses.key_file``, with a fresh 96-bit nonce, and the tenant and response id as
+One record per stored response holds the whole conversation up to it, so a newer turn never
+depends on an older record that retention dropped. Each record is JSON under AES-256-GCM
+(key from ``responses.key_file``, fresh 96-bit nonce) with the tenant and response id as
 associated data: a blob moved to another tenant's or id's place fails authentication like a
-tampered one, and either reads as absent. Records live in this process's memory only (never
-in the state file or peer messages: no prompt text leaves the process, encrypted or not), so a
-restart forgets them.
+tampered one, and either reads as absent. Records live in memory only (never in the state
+file or peer messages: no prompt text leaves the process), so a restart forgets them.
 
-Retention: at most ``max_responses`` records (the oldest dropped first) and none older than
-``max_age`` (dropped when the store is next touched); a conversation whose record would pass
-``max_bytes`` (of plaintext JSON) is not stored. The store is pure: no I/O, the clock
-injected.
+Retention: at most ``max_responses`` records (oldest dropped first), none older than
+``max_age``; a record past ``max_bytes`` of plaintext JSON is not stored. Pure: no I/O, the
+clock injected.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def read_key(path: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Counts for metrics (no content): records held, their ciphertext bytes, and what was
-    refused or dropped since start."""
+    """Counts for metrics (no content): records and ciphertext bytes held, outcomes since start."""
 
     held: int
     bytes: int
@@ -95,9 +91,8 @@ class ConversationStore:
             rid.encode("utf-8", "surrogatepass")
 
     def put(self, tenant: str, rid: str, items: list[Any]) -> bool:
-        """Store the conversation ``items`` as response ``rid`` of ``tenant``; False when it
-        is over ``max_bytes`` (nothing stored). An id already held for the tenant (an engine
-        that repeats ids) drops the held record and stores none: either would be a lie."""
+        """Store ``items`` as response ``rid`` of ``tenant``; False over ``max_bytes``. An id
+        already held (an engine that repeats ids) drops the held record too: either would lie."""
         plain = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode(
             "utf-8", "surrogatepass")
         if len(plain) > self.max_bytes:
@@ -122,9 +117,8 @@ class ConversationStore:
         return True
 
     def get(self, tenant: str, rid: str) -> list[Any] | None:
-        """The conversation stored as ``rid`` for ``tenant``; None when there is none for this
-        tenant (never stored, another tenant's, expired, dropped, or failing
-        authentication)."""
+        """The conversation stored as ``rid`` for ``tenant``; None when there is none (another
+        tenant's, expired, dropped, or failing authentication)."""
         self._expire(self.clock())
         held = self._records.get((tenant, rid))
         if held is None:
@@ -165,8 +159,7 @@ class ConversationStore:
 
 
 class StoreCollector(Collector):
-    """The store's counts on ``/metrics`` (registered beside the proxy's metrics when the
-    state is on; no content, no ids)."""
+    """The store's counts on ``/metrics`` (no content, no ids)."""
 
     def __init__(self, store: ConversationStore) -> None:
         self.store = store

@@ -1,28 +1,22 @@
-"""Shadow policies (issue 17 item 3): each decision that placed a request is run again, off
-the request path, by the policies its model names in ``shadow:`` on the same request and
-candidates, and compared with the pick that routed it.
+"""Shadow policies: each decision that placed a request is run again, off the request path,
+by the policies its model names in ``shadow:`` on the same inputs, and compared with the pick
+that routed it.
 
-**Off the request path, bounded.** ``offer`` (the scheduler's ``on_route``) keeps a reference
-to the decision's inputs (values nothing writes to) in a queue of ``QUEUE_LIMIT`` and returns;
-a reactor turn later ``BATCH`` of them run, then the next turn runs the next batch. A decision
-offered while the queue is full is dropped and counted (``dropped``): a burst never grows
-memory and never delays a request. A shadow policy that raises is counted (``errors``) and
-skipped: it never reaches the request, which was routed before the shadow ran.
+**Off the request path, bounded.** ``offer`` (the scheduler's ``on_route``) queues a
+reference to the decision's immutable inputs (at most ``QUEUE_LIMIT``) and returns; a reactor
+turn later ``BATCH`` of them run. A decision offered to a full queue is dropped and counted
+(``dropped``); a shadow policy that raises is counted (``errors``) and never reaches the
+request, which was routed before.
 
-**What is counted**, per (model, routing policy, shadow policy): decisions, agreements (the
-same target), and the cost model's estimated gain: the ``cost`` policy's estimate for the
-routing pick less its estimate for the shadow's pick (seconds; positive: the shadow's target
-looked faster), summed over the decisions where both estimates exist. ``GET /admin/shadow``
-shows them.
+**What is counted**, per (model, routing policy, shadow policy): decisions, agreements, and
+the estimated gain: the ``cost`` policy's estimate for the routing pick less its estimate for
+the shadow's pick (seconds; positive: the shadow's target looked faster).
 
-**The log** (``observability.shadow_log``): one JSON line per config generation (the base
-policy config and every model's routing) and one per shadow decision: the generation, the
-model, the routing policy, the request as the policy saw it (prompt size, seed, affinity,
-turn, root prefix hash), every candidate's fields, the routing pick, each shadow's pick and
-gain, and which raised. No prompt text. Each line carries ``sha``, the SHA-256 of the previous
-line's ``sha`` and this line without it, so an edited, removed or reordered line breaks the
-chain; ``pharos replay-shadow LOG`` (``replay``) checks the chain and re-runs every decision
-from the line alone, checking every pick and gain.
+**The log** (``observability.shadow_log``): one JSON line per config generation and one per
+shadow decision, holding everything the policies saw but no prompt text. Each line's ``sha``
+is the SHA-256 of the previous ``sha`` and this line without it, so an edited, removed or
+reordered line breaks the chain; ``pharos replay-shadow LOG`` checks the chain and re-runs
+every decision from its line alone.
 """
 
 from __future__ import annotations
@@ -189,8 +183,7 @@ class Shadow:
     # --- the scheduler's side: offer and return ------------------------------------------
 
     def offer(self, req: Any, placed: Any) -> None:
-        """``Scheduler.on_route``: queue the decision if its model has shadows (a dict
-        lookup and an append; nothing is computed here)."""
+        """``Scheduler.on_route``: queue the decision if its model has shadows (nothing else)."""
         fleet = self.fleet
         r = fleet.routing(req.model)
         if not r.shadow or placed.route is None:
@@ -253,9 +246,8 @@ class Shadow:
 # --- replay ---------------------------------------------------------------------------------
 
 def replay(lines: Iterable[str]) -> tuple[int, list[str]]:
-    """Check a shadow log: the chain of ``sha`` over every line, and each shadow decision
-    rebuilt from its line (the routing pick and every shadow pick and gain). Returns the
-    decisions checked and the problems found (each naming its line)."""
+    """Check a shadow log's ``sha`` chain and rebuild each decision from its line. Returns
+    the decisions checked and the problems found (each naming its line)."""
     problems: list[str] = []
     prev = GENESIS
     checked = 0
@@ -321,8 +313,7 @@ def _check(doc: Mapping[str, Any]) -> list[str]:
 
 
 def main_replay(argv: list[str]) -> int:
-    """``pharos replay-shadow LOG``: 0 when every line checks, 1 (each problem printed)
-    otherwise, 2 when the file cannot be read."""
+    """``pharos replay-shadow LOG``: 0 all checks, 1 problems printed, 2 unreadable."""
     if len(argv) != 1:
         print("usage: pharos replay-shadow LOG")
         return 2

@@ -1,30 +1,22 @@
-"""Usage and quotas (spec §11, issue 11 items 3 and 5): per-origin counter cells, the
-requests-per-minute window, and daily token budgets held by reservation.
+"""Usage and quotas: per-origin counter cells, the requests-per-minute window, and daily
+token budgets held by reservation.
 
-**Cells.** Every count lives in a cell keyed by (origin, kind, bucket, key, tenant, model).
-A process only increments its own origin's cells; cells of other origins (peers, a state
-file written by a departed instance) are read-only copies. ``merge`` keeps the field-wise
-max per cell, so deltas may arrive late, twice or out of order and the result is the same
-(commutative, idempotent, associative). Totals sum over origins. Minute cells count
-admissions for the RPM window and live two minutes; Day cells count finished requests and
-live ``retention_days``.
+**Cells** are keyed by (origin, kind, bucket, key, tenant, model). A process increments only
+its own origin's cells; other origins' are read-only copies. ``merge`` keeps the field-wise
+max per cell, so deltas may arrive late, twice or out of order with the same result. Totals
+sum over origins. Minute cells count admissions and live two minutes; Day cells count
+finished requests and live ``retention_days``.
 
-**RPM** is the sliding-window estimate prev_minute × (1 − elapsed share) + current_minute,
-counted at admission (a refused request is not counted), so a burst is limited before it
-reaches an engine.
+**RPM** is prev_minute × (1 − elapsed share) + current_minute, counted at admission (a
+refused request is not counted), so a burst is limited before it reaches an engine.
 
-**Tokens per day** are held by reservation (the gateway seed 003: reserve, then reconcile):
-admission reserves the request's estimated tokens (``estimate_tokens``) against the key's
-and the tenant's remaining budget and refuses when they do not fit; the reply's real usage
-replaces the reservation (``settle``). Charging only after the reply (what peers do) lets
-every request admitted while others stream spend the same remaining budget; reserving first
-means the day's spend passes the budget only by what a request used beyond its estimate.
+**Tokens per day** are held by reservation: admission reserves the estimated tokens
+(``estimate_tokens``) against the key's and the tenant's remaining budget; ``settle``
+replaces it with the reply's real usage. Charging only after the reply would let every
+request admitted while others stream spend the same remaining budget.
 
-Unknown is ``None``, never 0: a reply without token counts is *unmetered* (counted as a
-request, its tokens unknown), and an unknown limit is no limit.
-
-Pure and synchronous: time comes from an injected clock (``seconds()``, a reactor or
-``task.Clock``), dates are dates in ``usage.timezone``, and nothing here does I/O.
+Unknown is ``None``, never 0: a reply without token counts is *unmetered*, an unknown limit
+is no limit. Pure: an injected clock, dates in ``usage.timezone``, no I/O.
 """
 
 from __future__ import annotations
@@ -43,18 +35,15 @@ from twisted.internet.interfaces import IReactorTime
 
 from pharos.config import DEFAULT_RETENTION_DAYS
 
-#: Completion tokens assumed for a request that does not say ``max_tokens`` (an assumption:
-#: a long chat answer; engines' own defaults run to the context's end, so a request without
-#: ``max_tokens`` is the one whose real usage can pass its estimate).
+#: Completion tokens assumed without ``max_tokens`` (engines' own defaults run to the
+#: context's end, so such a request is the one whose usage can pass its estimate).
 DEFAULT_COMPLETION_ESTIMATE: Final = 1024
-#: The largest estimate: the largest integer a float or any JSON reader holds exactly. Far
-#: above any daily budget, so an absurd ``max_tokens`` (10^9, 10^30) is refused because it
-#: cannot fit the budget, and nothing downstream (WFQ costs in floats, exported cells) sees
-#: an integer it cannot represent.
+#: The largest integer a float or any JSON reader holds exactly: an absurd ``max_tokens``
+#: cannot fit a budget, and nothing downstream sees an integer it cannot represent.
 MAX_ESTIMATE: Final = 2**53 - 1
 #: Minute cells kept: the current minute and the one before (all the window reads).
 MINUTE_CELLS_KEPT: Final = 2
-#: A peer's reservations count until it has been silent this long (spec §8, §12: gauges).
+#: A peer's reservations count until it has been silent this long (gauges).
 PEER_SILENCE_SEC: Final = 2.0
 #: Names one peer's reservations may hold: far above any key set, so more is refused.
 MAX_RESERVED_NAMES: Final = 10_000
@@ -68,8 +57,7 @@ Budget: TypeAlias = Literal["key", "tenant"]
 Row: TypeAlias = dict[str, str | int]
 
 _EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
-#: Slack in the RPM comparison, so the moment ``admit_rpm`` names is admitted despite float
-#: rounding.
+#: Slack so the moment ``admit_rpm`` names is admitted despite float rounding.
 _RPM_SLACK: Final = 1e-9
 
 
@@ -132,9 +120,8 @@ ZERO: Final = Counts()
 
 
 class Calendar:
-    """Days in the usage timezone (``None``: the host's zone, with its daylight saving rules
-    as the C library knows them). A day number is the count of days since 1970-01-01 in that
-    zone, so peers agree on buckets whatever their own zone."""
+    """Days in the usage timezone (``None``: the host's). A day number counts days since
+    1970-01-01 in that zone, so peers agree on buckets whatever their own zone."""
 
     def __init__(self, timezone: str | None = None) -> None:
         self.zone: tzinfo | None = zoneinfo.ZoneInfo(timezone) if timezone else None
@@ -160,15 +147,14 @@ class Calendar:
         return self._midnight(day).timestamp()
 
     def label(self, day: int) -> str:
-        """The day's start in RFC 3339 with the zone's offset: 2026-09-28T00:00:00+07:00, so a
-        reader elsewhere knows which day it is."""
+        """The day's start in RFC 3339 with the zone's offset, so a reader elsewhere knows
+        which day it is."""
         return self._midnight(day).isoformat()
 
 
 @dataclass(eq=False, slots=True)
 class Reservation:
-    """Tokens held against a key's and its tenant's budget for ``day`` until the request is
-    settled or released. Identity matters: each admitted request holds its own."""
+    """Tokens held against a key's and tenant's budget for ``day``; each request holds its own."""
 
     key: str
     tenant: str
@@ -179,9 +165,8 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A reservation that did not fit ``budget``. ``retry_after`` is the seconds to the next
-    day in the usage timezone (at least 1), or ``None`` when the request's estimate exceeds
-    the whole daily budget, so no wait helps (a ``max_tokens`` of 10^9)."""
+    """A reservation that did not fit ``budget``. ``retry_after``: seconds to the next day
+    (at least 1), or ``None`` when the estimate exceeds the whole daily budget."""
 
     budget: Budget
     retry_after: float | None
@@ -189,17 +174,14 @@ class Refusal:
 
 def estimate_tokens(prompt_tokens: int, max_tokens: int | None,
                     default_completion: int = DEFAULT_COMPLETION_ESTIMATE) -> int:
-    """A request's reservation: its estimated prompt tokens plus ``max_tokens`` (the most the
-    engine will generate) or ``default_completion`` when absent. Negative inputs count as 0
-    (the parser answers them with a 400), at least 1 (every request costs something, so a
-    spent budget refuses everything), at most ``MAX_ESTIMATE``."""
+    """A request's reservation: prompt tokens plus ``max_tokens`` or ``default_completion``.
+    Negatives count as 0; at least 1, so a spent budget refuses everything."""
     completion = default_completion if max_tokens is None else max_tokens
     return min(MAX_ESTIMATE, max(1, max(0, prompt_tokens) + max(0, completion)))
 
 
 def rpm_estimate(prev: float, cur: float, elapsed: float) -> float:
-    """The sliding-window estimate of the last minute's requests: ``elapsed`` is the share
-    of the current minute gone (0 ≤ elapsed < 1)."""
+    """The last minute's requests; ``elapsed``: the share of the current minute gone."""
     return prev * (1.0 - elapsed) + cur
 
 
@@ -273,8 +255,7 @@ def parse_cell(raw: Mapping[str, object]) -> tuple[CellKey, Counts]:
 
 @dataclass(slots=True)
 class PeerReserved:
-    """A peer's open reservations for ``day`` (tokens per key and per tenant), as last
-    reported, and when (this process's clock) the report arrived."""
+    """A peer's open reservations for ``day`` as last reported, and when (our clock)."""
 
     heard_at: float
     day: int
@@ -302,11 +283,8 @@ def _reserved_names(raw: object, name: str) -> dict[str, int]:
 
 class Ledger:
     """This process's usage cells, copies of its peers', and its open reservations.
-
-    ``origin`` names this process (stable across restarts if its state file is reloaded, so
-    its own restored cells keep counting up). ``timezone`` is ``usage.timezone`` (``None``:
-    the host's); ``retention_days`` is how many days of Day cells are kept, today included.
-    """
+    ``origin`` is stable across restarts when the state file is reloaded, so restored cells
+    keep counting up; ``retention_days`` counts today."""
 
     def __init__(self, clock: IReactorTime, origin: str, timezone: str | None = None,
                  retention_days: int = DEFAULT_RETENTION_DAYS,
@@ -328,8 +306,7 @@ class Ledger:
         self._tenant_reserved: dict[tuple[int, str], int] = {}
         #: Peers' open reservations by origin (their in-flight requests' held tokens).
         self.peers: dict[str, PeerReserved] = {}
-        #: Called after a reservation against a limit is made (``PeerNode.kick``: peers
-        #: learn of it on the next reactor turn, not the next tick).
+        #: Called after a reservation against a limit (``PeerNode.kick``: peers learn at once).
         self.on_reserve = on_reserve
         self._day: int | None = None
         self._day_start = math.inf
@@ -353,8 +330,8 @@ class Ledger:
         return self._day
 
     def _this_minute(self, now: float | None = None) -> int:
-        """The unix minute of ``now`` (default: the clock's); a new minute drops Minute cells
-        the window no longer reads (spec: older than 2 minutes)."""
+        """The unix minute of ``now``; a new minute drops Minute cells the window no longer
+        reads."""
         minute = math.floor((self.clock.seconds() if now is None else now) / 60.0)
         if minute != self._minute:
             self._minute = minute
@@ -397,9 +374,8 @@ class Ledger:
         self._put(cell, self._cells.get(cell, ZERO) + delta)
 
     def export(self, *, minutes: bool = True) -> list[Row]:
-        """Every live cell of every origin as plain JSON-able dicts, in a fixed order. Peers
-        want the Minute cells (the RPM window across instances); the state file passes
-        ``minutes=False`` (spec: Minute cells are never persisted)."""
+        """Every live cell of every origin as JSON-able dicts, in a fixed order. The state
+        file passes ``minutes=False``: Minute cells are never persisted."""
         self._today()
         self._this_minute()
         out: list[Row] = []
@@ -413,11 +389,9 @@ class Ledger:
         return out
 
     def iter_export(self, *, minutes: bool = True) -> Iterator[Row]:
-        """``export`` one cell at a time, in no particular order, over the cells there are
-        now, each with its counts as they are when it comes (the state file exports 80k cells
-        in batches, yielding to the reactor between them, while requests keep counting; a
-        cell dropped meanwhile is left out). Only the keys are copied: 80k new (cell, counts)
-        pairs would outlive young collections and bring on a full one (~50-300 ms)."""
+        """``export`` one cell at a time, unordered, with counts as they are when it comes (a
+        cell dropped meanwhile is left out). Only the keys are copied: new (cell, counts)
+        pairs would outlive young collections and bring on a full GC."""
         self._today()
         self._this_minute()
         cells, table = list(self._cells), self._cells
@@ -429,10 +403,8 @@ class Ledger:
             if (counts := table.get(cell)) is not None)
 
     def merge(self, exported: Iterable[Mapping[str, object]]) -> int:
-        """Fold in cells exported anywhere (a peer, a state file, this process earlier):
-        field-wise max per cell. All or nothing: a malformed cell raises ``ValueError``
-        before any is merged. Cells past retention, and Minute cells the window no longer
-        reads, are skipped. Returns how many cells changed."""
+        """Fold in exported cells, field-wise max per cell; all or nothing (``ValueError``
+        before any is merged). Expired cells are skipped. Returns how many changed."""
         parsed = [parse_cell(raw) for raw in exported]
         today, minute = self._today(), self._this_minute()
         changed = 0
@@ -452,9 +424,8 @@ class Ledger:
 
     def admit_rpm(self, key: str, tenant: str, limit: int | None,
                   tenant_limit: int | None = None) -> float | None:
-        """Admit one request under the key's (and the tenant's) requests-per-minute limit
-        (``None``: unlimited) and count it; or count nothing and return the seconds (≥ 1)
-        until the window's estimate leaves room for it, if nothing else is admitted."""
+        """Admit and count one request under the key's and tenant's RPM limits; or count
+        nothing and return the seconds (≥ 1) until the window leaves room for it."""
         now = self.clock.seconds()
         minute = self._this_minute(now)
         elapsed = now / 60.0 - minute
@@ -480,8 +451,7 @@ class Ledger:
         raise TypeError("name a key or a tenant")
 
     def spent_today(self, *, key: str | None = None, tenant: str | None = None) -> int:
-        """Known tokens (prompt + completion) counted today for a key or a tenant, summed
-        over origins."""
+        """Known tokens counted today for a key or a tenant, summed over origins."""
         return self._pick(key, tenant, self._key_tokens, self._tenant_tokens)
 
     def reserved_today(self, *, key: str | None = None, tenant: str | None = None) -> int:
@@ -490,10 +460,9 @@ class Ledger:
 
     def reserve(self, key: str, tenant: str, tokens: int, key_limit: int | None,
                 tenant_limit: int | None = None) -> Reservation | Refusal:
-        """Hold ``tokens`` (``estimate_tokens``; at least 1) against today's remaining budget
-        of the key and of its tenant (limits of ``None`` are unlimited), or refuse naming
-        the budget that does not fit. Spent plus held never passes a limit here, which is
-        what bounds the day's overspend to what requests use beyond their estimates."""
+        """Hold ``tokens`` against today's remaining budget of the key and its tenant, or
+        refuse naming the budget that does not fit. Spent plus held never passes a limit,
+        which bounds overspend to what requests use beyond their estimates."""
         tokens = max(1, tokens)
         day = self._today()
         checks: tuple[tuple[Budget, int | None, dict[tuple[int, str], int],
@@ -530,11 +499,9 @@ class Ledger:
 
     def settle(self, reservation: Reservation, model: str, prompt_tokens: int | None,
                cached_tokens: int | None, completion_tokens: int | None) -> bool:
-        """Replace the reservation with the reply's real usage, counted today (tokens count
-        when the reply ends). Unknown prompt or completion tokens (``None``, or a negative
-        count no engine means) count the request as unmetered: a request, no tokens, never
-        0 as if known. Unknown cached tokens add none. False, and nothing counted, if the
-        reservation was already settled or released (a retried request counts once)."""
+        """Replace the reservation with the reply's real usage, counted today. Unknown (or
+        negative) prompt or completion tokens count the request as unmetered, never as 0.
+        False, nothing counted, if already closed (a retried request counts once)."""
         if not self._close(reservation):
             return False
         if prompt_tokens is None or completion_tokens is None or min(
@@ -547,21 +514,19 @@ class Ledger:
         self._add(Kind.DAY, self._today(), reservation.key, reservation.tenant, model, delta)
         return True
 
-    # -- peers' reservations (spec §11, §12) ---------------------------------------------
+    # -- peers' reservations ----------------------------------------------------------------
 
     def export_reserved(self) -> dict[str, object]:
-        """This process's open reservations for today, absolute: tokens per key and per
-        tenant (a peer's gauges, so connected instances count each other's in-flight
-        requests against a budget)."""
+        """Today's open reservations per key and tenant, absolute (gauges, so peers count
+        each other's in-flight requests against a budget)."""
         day = self._today()
         return {"day": day,
                 "keys": {k: n for (d, k), n in self._key_reserved.items() if d == day},
                 "tenants": {t: n for (d, t), n in self._tenant_reserved.items() if d == day}}
 
     def merge_reserved(self, origin: str, raw: object, now: float) -> None:
-        """A peer's reservations replace its previous report; ``ValueError`` (the previous
-        report kept) when malformed. They count until the peer is silent
-        ``PEER_SILENCE_SEC``."""
+        """A peer's reservations replace its previous report (kept on ``ValueError``); they
+        count until the peer is silent ``PEER_SILENCE_SEC``."""
         if raw is None:
             self.peers.pop(origin, None)
             return
@@ -599,9 +564,8 @@ class Ledger:
         return total
 
     def export_recent(self) -> list[Row]:
-        """This process's own cells a delta carries (spec §12): Day cells of today and
-        yesterday, Minute cells of the current and previous minute; absolute counts, so a
-        lost delta is repaired by the next."""
+        """Own cells a delta carries (Day: today and yesterday; Minute: current and previous),
+        absolute, so a lost delta is repaired by the next."""
         today, minute = self._today(), self._this_minute()
         out: list[Row] = []
         for bucket in ((Kind.DAY, today - 1), (Kind.DAY, today), (Kind.MINUTE, minute - 1),
@@ -619,9 +583,8 @@ class Ledger:
     # -- history -----------------------------------------------------------------------
 
     def rows(self, from_day: date, to_day: date, by: GroupBy = "key") -> list[Row]:
-        """Usage per day (inclusive range of dates in the usage timezone) and per ``by``,
-        summed over origins: dicts with ``columns(by)``, by day then group. Days with no
-        usage have no rows."""
+        """Usage per day (inclusive range) and per ``by``, summed over origins, ordered by day
+        then group; days without usage have no rows."""
         if by not in get_args(GroupBy):
             raise ValueError(f"by must be one of {get_args(GroupBy)}, not {by!r}")
         self._today()

@@ -1,7 +1,7 @@
-"""The lease watchdog: a lease older than the drain timeout whose reply moved no
-byte for a whole check period is a request nothing will end. The request path is built so
-that this never happens; the watchdog is how an operator would learn that it did. It logs
-each such lease once (target and age, no prompt text) and counts it (``WaitQueue.stuck``)."""
+"""The lease watchdog: a lease older than the drain timeout whose reply moved no byte for a
+whole check period is a request nothing will end. That should never happen; the watchdog is
+how an operator would learn it did: each such lease is logged once (no prompt text) and
+counted (``WaitQueue.stuck``)."""
 
 from __future__ import annotations
 

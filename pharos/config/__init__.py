@@ -1,6 +1,5 @@
-"""The config file: YAML in, frozen dataclasses out (``pharos.config.model``, the one
-description of the file), the JSON Schema, the admin document and the reference generated from
-it (``pharos.config.describe``)."""
+"""The config file: YAML in, frozen dataclasses out (``pharos.config.model``), and what is
+generated from them (``pharos.config.describe``)."""
 
 from pharos.config.kinds import ConfigError, parse_duration
 from pharos.config.load import (

@@ -1,8 +1,6 @@
-"""What is generated from the config's one description (the settings of
-``pharos.config.model``): the JSON Schema (``pharos config-schema``, for editors: the
-yaml-language-server reads it), the running config as a document in the file's shape
-(``GET /admin/config``), and the configuration reference (``pharos config-schema --rst``,
-committed as docs/configuration.rst; a test keeps the two equal)."""
+"""What is generated from the config's settings: the JSON Schema (``pharos config-schema``,
+for editors), the running config in the file's shape (``GET /admin/config``), and the
+reference (``pharos config-schema --rst``: docs/configuration.rst, a test keeps them equal)."""
 
 from __future__ import annotations
 

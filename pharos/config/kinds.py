@@ -7,12 +7,10 @@ an error, ``null`` means the same as leaving a field out unless the setting says
 and ``pharos.config.describe`` writes the JSON Schema, ``GET /admin/config``'s document and the
 configuration reference from the same settings.
 
-Why hand-written and not a schema library: msgspec stops at the first error, so a file with
-four mistakes takes four runs; pydantic reports them all but importing it adds 19 MB of RSS, a
-fifth of Pharos's whole memory budget; cattrs (with attrs) gathers every field's error too, but
-as Python exceptions in its own words, and the rules that take most of this package (durations,
-``null`` turning a guard off, listen strports, per-kind backend checks, the operator-facing
-messages) would be hooks either way: a new dependency for no less code.
+Why hand-written: msgspec stops at the first error; pydantic's import costs a fifth of
+Pharos's memory budget; cattrs reports in its own words, and the rules that take most of this
+package (durations, ``null`` turning a guard off, strports, per-kind checks, the messages)
+would be hooks either way: a new dependency for no less code.
 """
 
 # mypy: disable-error-code="func-returns-value"
@@ -47,8 +45,8 @@ class ConfigError(Exception):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a Go-style duration (``5s``, ``10m``, ``1h30m``, ``250ms``), as the spec writes
-    them; raises ``ValueError`` for anything else, including a negative duration."""
+    """Seconds in a Go-style duration (``5s``, ``10m``, ``1h30m``, ``250ms``); ``ValueError``
+    for anything else, including a negative duration."""
     if text == "0":
         return 0.0
     total, pos = 0.0, 0
@@ -94,10 +92,9 @@ def at(path: str, name: str) -> str:
 
 
 class Kind:
-    """A field's value: how it is read (``None`` when bad, the error reported), written back
-    as JSON types, described in the JSON Schema, and named (``what``, in errors and the
-    reference). ``blank`` stands in for a required value that is missing or bad, so the
-    object's other fields are still checked."""
+    """A field's value: how it is read (``None`` when bad, reported), written as JSON, described
+    in the schema and named (``what``). ``blank`` stands in for a missing or bad required
+    value, so the object's other fields are still checked."""
 
     what: str
     blank: object = None
@@ -304,9 +301,9 @@ class Section(Kind):
 
 @dataclass(frozen=True)
 class Setting:
-    """One field's description: everything the parser, the schema, the admin document and the
-    reference need. ``file``: its name in the file (``a.b``: ``b`` in the mapping ``a``; empty:
-    not in the file); ``null``: what an explicit ``null`` means (``DEFAULT``: the default)."""
+    """One field's description for the parser, schema, admin document and reference.
+    ``file``: its name in the file (``a.b``: ``b`` in the mapping ``a``; empty: not in the
+    file); ``null``: what an explicit ``null`` means (``DEFAULT``: the default)."""
 
     kind: Kind
     doc: str

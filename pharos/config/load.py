@@ -1,8 +1,6 @@
-"""Reading a config file, and what a reload changes: ``load_config``, ``parse_config``,
-``reload_diff``, ``with_live``. Parsing is strict: an unknown field is an error naming its full
-path (a typo such as ``per-model`` for ``per_model`` must fail at startup or reload instead of
-silently dropping a setting), and every error in a file is reported together, so an operator
-fixes a file in one pass."""
+"""Reading a config file, and what a reload changes. Parsing is strict: an unknown field is an
+error naming its full path (a typo must fail instead of silently dropping a setting), and
+every error in a file is reported together, so an operator fixes a file in one pass."""
 
 from __future__ import annotations
 
@@ -17,10 +15,9 @@ import yaml
 from pharos.config.kinds import ConfigError, Parser, settings
 from pharos.config.model import CONFIG, Config
 
-#: Fields a reload applies without a restart: a whole top-level section, or ``section.field``
-#: for a section only part of which can change under a running service (each field's
-#: ``setting(live=True)``). Every other field, including any added later, is reported as
-#: needing a restart, which is the safe side.
+#: Fields a reload applies without a restart: a top-level section, or ``section.field`` for a
+#: partly live section (``setting(live=True)``). Every other field, including any added
+#: later, is reported as needing a restart: the safe side.
 LIVE_FIELDS: Final = frozenset(
     [name for name, s in settings(Config) if s.live]
     + [f"{name}.{sub}" for name, s in settings(Config) if not s.live

@@ -66,8 +66,8 @@ DEFAULT_REQUEST_BODY: Final = 300.0
 DEFAULT_IDLE: Final = 60.0
 #: More workers than this are refused: each is a whole Pharos with its own memory.
 MAX_WORKERS: Final = 64
-#: Connections the kernel holds for Pharos to accept: Twisted's default of 50 dropped most of a
-#: burst of 1,000 clients (the kernel caps it at net.core.somaxconn).
+#: Connections the kernel holds to accept: Twisted's default of 50 drops most of a burst of
+#: clients (the kernel caps it at net.core.somaxconn).
 LISTEN_BACKLOG: Final = 1024
 #: Twisted's own server endpoint types, so ``tcp:8090`` is not read as host ``tcp``, port 8090.
 _ENDPOINT_TYPES: Final = frozenset({"tcp", "tcp6", "ssl", "unix", "systemd"})

@@ -24,8 +24,7 @@ from pharos.engine.signals import COUNT_SIGNALS, LOAD_SIGNALS, LOG_SIGNALS, Resi
 
 Scale: TypeAlias = Literal["ratio", "percent"]
 LogScheme: TypeAlias = Literal["docker", "file"]
-#: A log probe's fixed value, typed for its signal: ``Residency`` for residency, ``int`` for the
-#: counts, ``float`` for kv_usage, ``str`` for version.
+#: A log probe's fixed value, typed for its signal (``Residency``, counts, kv_usage, version).
 FixedValue: TypeAlias = Residency | int | float | str
 
 SCALES: Final[tuple[Scale, ...]] = get_args(Scale)

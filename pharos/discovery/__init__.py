@@ -1,1 +1,1 @@
-"""Where backends and their log feeds come from besides the static list (spec §10)."""
+"""Where backends and their log feeds come from besides the static list."""

@@ -3,11 +3,10 @@
 to is a backend, NAME resolved again every ``refresh`` seconds (a Kubernetes headless Service
 answers with one A record per ready pod).
 
-The resolver is a ``twisted.names`` resolver (``IResolver``: ``lookupAddress`` and
-``lookupIPV6Address``), injected, so tests need no DNS server; by default Twisted's chain (the
-hosts file, then the servers of /etc/resolv.conf). A lookup that fails (an error, a timeout,
-NXDOMAIN) keeps the last set, logged once; an answer with no address is an empty set.
-Members that stay keep their state (same URL, same spec); members that leave drain.
+The ``twisted.names`` resolver is injected (tests need no DNS server); by default Twisted's
+chain (hosts file, then /etc/resolv.conf). A failed lookup (error, timeout, NXDOMAIN) keeps
+the last set, logged once; an answer with no address is an empty set. Members that stay keep
+their state; members that leave drain.
 """
 
 from __future__ import annotations

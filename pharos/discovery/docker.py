@@ -1,13 +1,12 @@
 # -*- test-case-name: tests.unit.test_docker_labels,tests.component.test_docker_discovery -*-
-"""Docker label discovery and container log feeds over the Engine API (spec §10, §4).
+"""Docker label discovery and container log feeds over the Engine API.
 
 A few HTTP calls on the daemon's UNIX socket through Twisted's Agent (no Docker SDK): the API
-version is negotiated as the docker CLI does (``/_ping``'s ``Api-Version``, then requests under
-``/v<version>/``); ``/events`` is watched for containers labelled ``pharos.enable=true`` and the
-running ones are listed after every event (one list in flight, one more if events came during
-it); each becomes a ``Backend`` whose log feed is ``docker://<id>``. A container's log stream
-(``/containers/{id}/logs``) arrives as 8-byte-header frames (stdcopy) or, for a TTY container,
-raw; ``DockerLogFeed`` strips the frames and hands lines on.
+version is negotiated as the docker CLI does (``/_ping``'s ``Api-Version``); ``/events`` is
+watched and the running containers labelled ``pharos.enable=true`` are listed after every
+event (one list in flight, one more if events came during it); each becomes a ``Backend``
+whose log feed is ``docker://<id>``. Log streams arrive as 8-byte-header frames (stdcopy)
+or, for a TTY container, raw; ``DockerLogFeed`` strips the frames.
 
 Bodies are bounded, a stream that stops speaking the protocol is dropped and reconnected with
 backoff, and each problem is logged once (when it starts), not once per retry.
@@ -45,19 +44,18 @@ from pharos.discovery.feed import MAX_LINE_BYTES, LineSplitter, OnLine
 
 log = Logger()
 
-#: Where the daemon listens when ``DOCKER_HOST`` is unset (spec §10).
+#: Where the daemon listens when ``DOCKER_HOST`` is unset.
 DEFAULT_SOCKET: Final = "/var/run/docker.sock"
 #: The newest Engine API version Pharos speaks (its fixtures' version); a daemon that offers
 #: less is spoken to at its own version, as the docker CLI does.
 API_VERSION: Final = "1.50"
-#: The labels of spec §10's table; any other ``pharos.*`` label is a typo and refused.
+#: The labels Pharos reads; any other ``pharos.*`` label is a typo and refused.
 ENABLE = "pharos.enable"
 LABELS: Final = ("pharos.enable", "pharos.url", "pharos.port", "pharos.kind",
                  "pharos.memory_gb", "pharos.capacity")
 #: Containers Pharos lists: labelled, running (a paused one serves nothing).
 LIST_FILTERS: Final = {"label": [f"{ENABLE}=true"], "status": ["running"]}
-#: Events that can change that list; health checks' exec_* events would re-list every few
-#: seconds for nothing.
+#: Events that can change that list (health checks' exec_* events would re-list for nothing).
 EVENT_FILTERS: Final = {
     "type": ["container"],
     "label": [f"{ENABLE}=true"],
@@ -88,11 +86,8 @@ class DockerError(Exception):
 
 def socket_from_env(environ: Mapping[str, str], default: str = DEFAULT_SOCKET,
                     exists: Callable[[str], bool] = os.path.exists) -> tuple[str | None, str]:
-    """The daemon's socket path, and why (or why not) for the log line.
-
-    ``DOCKER_HOST=unix://PATH`` names it; any other ``DOCKER_HOST`` is not watched (the spec
-    reads the local socket only); unset, ``default`` is used when it exists.
-    """
+    """The daemon's socket path, and why (or why not) for the log line: only
+    ``DOCKER_HOST=unix://PATH`` is watched; unset, ``default`` when it exists."""
     host = environ.get("DOCKER_HOST", "")
     if host:
         if host.startswith("unix://") and len(host) > len("unix://"):
@@ -149,10 +144,8 @@ class _UNIXEndpoints:
 
 class _Body(Protocol):
     """A response body handed to ``on_data`` as it arrives; ``done`` fires at its end.
-
-    ``on_data`` raising stops the body and fails ``done`` with that error; cancelling
-    ``done`` stops the body (``stopProducing``: a body's transport has no abort).
-    """
+    ``on_data`` raising fails ``done``; cancelling ``done`` stops the body
+    (``stopProducing``: a body's transport has no abort)."""
 
     def __init__(self, on_data: Callable[[bytes], None]) -> None:
         self.on_data = on_data
@@ -296,10 +289,10 @@ class DockerAPI:
 
 
 class Demux:
-    """stdcopy's multiplexed stream (spec: the attach endpoint's stream format; moby
-    api/pkg/stdcopy): frames of ``[stream, 0, 0, 0, size (4 bytes, big-endian)]`` then
-    ``size`` bytes. Stdin and stdout frames go to ``out``, stderr to ``err`` (each keeps its
-    own partial line); a Systemerr frame is the daemon's error and ends the stream."""
+    """stdcopy's multiplexed stream (moby api/pkg/stdcopy): frames of ``[stream, 0, 0, 0,
+    size (4 bytes, big-endian)]`` then ``size`` bytes. Stdin and stdout frames go to
+    ``out``, stderr to ``err`` (each keeps its own partial line); a Systemerr frame is the
+    daemon's error and ends the stream."""
 
     def __init__(self, out: Callable[[bytes], None], err: Callable[[bytes], None]) -> None:
         self._sinks = {_STDIN: out, _STDOUT: out, _STDERR: err}
@@ -347,14 +340,9 @@ MEDIA_RAW: Final = b"application/vnd.docker.raw-stream"
 
 
 class DockerLogFeed:
-    """A container's log stream as a ``LogFeed`` (``pharos.discovery.feed``).
-
-    Each ``connect`` inspects the container (unless ``started_at`` and ``tty`` were given)
-    and follows ``/containers/{id}/logs?follow=1&stdout=1&stderr=1&since=<State.StartedAt>``:
-    everything since this start, so a reconnect reads the start-up lines again (Ollama prints
-    its ``OLLAMA_NUM_PARALLEL`` once) and a restarted container is read from its new start.
-    The stream ends when the container stops.
-    """
+    """A container's log stream as a ``LogFeed``, followed ``since=<State.StartedAt>``: a
+    reconnect reads the start-up lines again (Ollama prints its ``OLLAMA_NUM_PARALLEL``
+    once) and a restarted container is read from its new start."""
 
     def __init__(self, api: DockerAPI, container: str, started_at: str | None = None,
                  tty: bool | None = None, max_line: int = MAX_LINE_BYTES,
@@ -451,7 +439,7 @@ def container_of(summary: object) -> Container | str:
 
 
 def backend_of(c: Container) -> Backend | str:
-    """The backend a labelled container makes (spec §10's table), or why it makes none."""
+    """The backend a labelled container makes (its labels), or why it makes none."""
     labels = c.labels
     unknown = sorted(k for k in labels if k.startswith("pharos.") and k not in LABELS)
     if unknown:
@@ -507,12 +495,9 @@ def backend_of(c: Container) -> Backend | str:
 
 
 class DockerDiscovery(Service):
-    """Watches the daemon's events and keeps ``backends`` the labelled running containers'.
-
-    ``on_change`` is told after every list that changed the set. When the socket does not
-    answer, discovery is off (logged once) and retried with backoff; a broken events stream
-    or a list that fails keeps the last set and reconnects with backoff 1 s doubling to 30 s.
-    """
+    """Keeps ``backends`` the labelled running containers', told to ``on_change``. A silent
+    socket, a broken events stream or a failed list keeps the last set and retries with
+    backoff (logged once)."""
 
     def __init__(self, api: DockerAPI, clock: IReactorTime,
                  on_change: Callable[[], None] = lambda: None) -> None:

@@ -1,4 +1,4 @@
-"""Log feeds: where an engine's log lines come from (spec §4 "Log probes").
+"""Log feeds: where an engine's log lines come from.
 
 A feed hands each line to ``on_line`` as bytes without its newline and never keeps, logs or
 sends a line's content: lines are matched in memory by the plan's log probes and dropped.
@@ -24,10 +24,8 @@ class LogFeed(Protocol):
     """A source of one engine's log lines, started and stopped by the backend's follower."""
 
     def connect(self, on_line: OnLine) -> Deferred[None]:
-        """Deliver lines to ``on_line`` until the feed ends or breaks.
-
-        The Deferred fires (or fails) when the feed ends; cancelling it stops the feed.
-        """
+        """Deliver lines to ``on_line`` until the feed ends or breaks (the Deferred fires or
+        fails then); cancelling it stops the feed."""
 
     def describe(self) -> str:
         """Where the lines come from, for logs (never a line's content)."""
@@ -38,11 +36,8 @@ class FeedUnavailable(ValueError):
 
 
 class LineSplitter:
-    """Bytes in, complete lines out; a line longer than ``limit`` is dropped whole and counted.
-
-    The partial last line is held until its newline arrives, at most ``limit`` bytes of it:
-    memory stays bounded however long a line grows.
-    """
+    """Bytes in, complete lines out; a line longer than ``limit`` is dropped whole and counted,
+    so memory stays bounded however long a line grows."""
 
     def __init__(self, on_line: OnLine, limit: int = MAX_LINE_BYTES) -> None:
         self._on_line = on_line

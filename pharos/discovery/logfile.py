@@ -1,11 +1,10 @@
-"""Follow a local log file by polling on the injected clock (spec §4, DESIGN §5 "Log files").
+"""Follow a local log file by polling on the injected clock.
 
-The file is read from its start and followed by inode and offset. A new inode at the path is a
-rotation: the old file (still open) is drained to its end, then the new one is read from its
-start. A file shorter than the offset was truncated: reading starts over. Each poll reads at
-most ``CHUNK_BYTES``; when more is waiting the next read is scheduled at once instead of a poll
-interval later, so a file that grew by gigabytes is caught up a chunk per reactor turn and the
-reactor never stalls. The feed ends when the file disappears (after draining what was open).
+The file is followed by inode and offset from its start. A new inode at the path is a
+rotation: the old file (still open) is drained, then the new one read from its start. A file
+shorter than the offset was truncated: reading starts over. Each read takes at most
+``CHUNK_BYTES``, the next at once while more is waiting, so a huge file is caught up a chunk
+per reactor turn without stalling it. The feed ends when the file disappears.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pharos.discovery.feed import (
 
 log = Logger()
 
-#: Seconds between polls of a file that has nothing new (spec §4: once a second).
+#: Seconds between polls of a file that has nothing new (once a second).
 POLL_INTERVAL: Final = 1.0
 #: Bytes read per reactor turn.
 CHUNK_BYTES: Final = 1024 * 1024
@@ -175,11 +174,8 @@ class FileFeed:
 
 
 def feed_for(url: str, clock: IReactorTime, docker: DockerFeeds | None = None) -> LogFeed:
-    """The feed a ``logs:`` URL names: ``file:///path`` or ``docker://<container>``.
-
-    ``docker`` builds a container's feed (Docker discovery supplies it); without it a
-    ``docker://`` URL is refused by name.
-    """
+    """The feed a ``logs:`` URL names: ``file:///path`` or ``docker://<container>`` (built by
+    ``docker``, from Docker discovery; without it refused by name)."""
     scheme, sep, target = url.partition("://")
     if sep and scheme == "file" and target.startswith("/"):
         return FileFeed(target, clock)

@@ -1,10 +1,7 @@
 # -*- test-case-name: tests.unit.test_dns_backends,tests.component.test_docker_discovery -*-
-"""The backend set (spec §10): the static list ∪ Docker-labelled containers ∪ DNS members,
-handed whole to ``State.set_backends`` whenever a part changes.
-
-A URL is one backend: the static list wins over discovery, Docker over DNS, and a discovered
-backend a static one hides is logged once. Hot reload changes the static part through
-``set_static`` (the ``url:`` and ``dns:`` entries of ``backends:``); Docker and DNS keep theirs.
+"""The backend set: the static list ∪ Docker-labelled containers ∪ DNS members, handed whole
+to ``State.set_backends`` whenever a part changes. A URL is one backend: the static list wins
+over discovery, Docker over DNS, and a discovered backend a static one hides is logged once.
 """
 
 from __future__ import annotations
@@ -43,9 +40,8 @@ class Discovery(MultiService):
         self.set_static(static, dns)
 
     def set_static(self, backends: Sequence[Backend], dns: Sequence[DnsBackends] = ()) -> None:
-        """The config's part (start-up and every reload): the ``url:`` backends and the
-        ``dns:`` entries. A ``dns:`` entry that stays keeps its members; a new one resolves
-        at once; a removed one's members drain."""
+        """The config's ``url:`` backends and ``dns:`` entries (start-up and reloads): a
+        ``dns:`` entry that stays keeps its members, a removed one's members drain."""
         self.static = tuple(backends)
         wanted = set(dns)
         for spec in [s for s in self.groups if s not in wanted]:

@@ -1,14 +1,12 @@
-"""The engine leg's HTTP client pieces (issue 16 item 2): what treq's ``HTTPClient`` sits on.
+"""The engine leg's HTTP client pieces: what treq's ``HTTPClient`` sits on.
 
 ``EngineAgent`` is Twisted's ``Agent`` with each URL's parse, endpoint and ``Host`` value made
-once: engine URLs are few and fixed, and ``Agent`` re-parses the URL, builds a new
-``HostnameEndpoint`` (IDNA-encoding the host) and formats the ``Host`` header on every request.
-Pooling, backpressure and cancellation are ``Agent``'s own, unchanged; a kept
-``HostnameEndpoint`` still resolves its name at each new connection, so it follows DNS.
+once (``Agent`` redoes them, IDNA included, on every request; engine URLs are few and fixed).
+Pooling, backpressure and cancellation are ``Agent``'s own; a kept ``HostnameEndpoint``
+still resolves its name at each new connection, so it follows DNS.
 
-``NoCookies`` is a cookie jar that keeps nothing and adds nothing: nothing an engine sets
-reaches another request (as the empty-policy jar it replaces), without the standard library's
-per-request cookie matching and ``Set-Cookie`` parsing.
+``NoCookies`` keeps and adds nothing: nothing an engine sets reaches another request, without
+the standard library's per-request cookie matching and ``Set-Cookie`` parsing.
 """
 
 from __future__ import annotations

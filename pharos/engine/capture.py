@@ -1,8 +1,6 @@
-"""The capture format of ``fixtures/`` (see fixtures/README.md): read it and write it.
-
-A capture is raw bodies exactly as an engine served them. ``pharos doctor --record`` is the
-only writer; replay tests and ``CaptureFetcher`` are the readers.
-"""
+"""The capture format of ``fixtures/`` (see fixtures/README.md): raw bodies exactly as an
+engine served them, written by ``pharos doctor --record``, read by replay tests and
+``CaptureFetcher``."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ from typing import Any
 
 import yaml
 
-#: Every path a recording asks, whatever the engine: each library probe's path plus the
-#: fingerprints of every kind, so that detection and resolve replay over every capture.
+#: Every probe's and fingerprint's path, so detection and resolve replay over every capture.
 RECORD_PATHS: tuple[str, ...] = (
     "/",
     "/health",

@@ -1,8 +1,5 @@
 """``pharos doctor``: what Pharos reads from each backend, and what would surprise a new user.
-
-The report is built from ``resolve`` (and the plan's log probes over the backend's log, when
-it has one) and rendered as text or as one JSON document.
-"""
+Built from ``resolve`` (and the log probes over the backend's log), as text or as JSON."""
 
 from __future__ import annotations
 
@@ -159,11 +156,8 @@ async def examine(
     memory_gb: float | None = None,
     check_memory: bool = False,
 ) -> BackendReport:
-    """Resolve one backend and collect what doctor reports about it.
-
-    ``post(path, body)`` (live backends only) checks which coding-agent routes it serves;
-    ``check_memory``: say what placement does with the config's ``memory_gb`` (issue 15).
-    """
+    """Resolve one backend and collect what doctor reports about it. ``post(path, body)``
+    (live only) checks the coding-agent routes; ``check_memory`` explains ``memory_gb``."""
     report = BackendReport(url)
     try:
         plan, snap = await resolve(fetcher, kind, own, has_log_feed=log_lines is not None)

@@ -107,11 +107,8 @@ LATE_DEADLINE = 0.05
 
 
 class HTTPFetcher:
-    """GETs paths of one backend with treq, bounded in size and time.
-
-    The client is shared with the rest of the process (one connection pool); it keeps no
-    cookies and follows no redirects.
-    """
+    """GETs paths of one backend with treq, bounded in size and time; the client (one pool
+    for the process) keeps no cookies and follows no redirects."""
 
     def __init__(
         self,
@@ -137,12 +134,10 @@ class HTTPFetcher:
                              timeout or self._timeout)
 
     def _bounded(self, d: Deferred[Fetched], timeout: float) -> Deferred[Fetched]:
-        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure.
-
-        A deadline that fires late (the reactor was busy: a burst of a thousand clients held
-        it for seconds) first gives the reply as long again as it was late, once: its bytes
-        may be sitting unread, and the timeout measures the engine, not Pharos's own reactor
-        (without this, a burst marked every engine down and answered its clients 503)."""
+        """Cancel ``d`` after ``timeout`` (headers and body alike) and name every failure. A
+        deadline that fires late (a burst of clients held the reactor) first gives the reply
+        as long again as it was late, once: its bytes may be sitting unread, and the timeout
+        measures the engine, not Pharos's own reactor."""
         timed_out: list[bool] = []
         deadline = self._clock.seconds() + timeout
         extended: list[bool] = []

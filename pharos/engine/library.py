@@ -1,8 +1,6 @@
-"""The probe library and the recipe of every engine kind (spec §4).
-
-Each probe here was seen in a capture under fixtures/ (live, or from the engine's source with
-the file named in its meta.yaml), and the replay tests in tests/replay/ hold it there.
-"""
+"""The probe library and the recipe of every engine kind. Each probe was seen in a capture
+under fixtures/ (live, or from the engine's source named in its meta.yaml), and the replay
+tests in tests/replay/ hold it there."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ SGLANG = "sglang"
 OPENAI = "openai"
 AUTO = "auto"
 
-#: Every recipe kind, in the order detection tries their fingerprints; ``openai`` is the
-#: generic fallback (mlx-lm, LM Studio, any OpenAI-compatible server).
+#: Every recipe kind in detection order; ``openai`` is the generic fallback (mlx-lm, LM Studio).
 KINDS: tuple[str, ...] = (LLAMASWAP, OLLAMA, LLAMACPP, VLLM, SGLANG, OPENAI)
 
 
@@ -191,7 +188,7 @@ llamacpp_props_capacity = Probe(
 llamacpp_running = prom(
     "llamacpp-running", "/metrics", Signal.RUNNING, "llamacpp:requests_processing"
 )
-#: Before b8772 requests_deferred read 0 with a queue (spec §4): unknown there, never wrong.
+#: Before b8772 requests_deferred read 0 with a queue: unknown there, never wrong.
 llamacpp_waiting = prom(
     "llamacpp-waiting",
     "/metrics",
@@ -266,9 +263,8 @@ vllm_kv_usage = prom(
 
 def _vllm_kv_pool(body: bytes) -> Snapshot:
     """The KV pool in tokens: ``vllm:cache_config_info``'s labels ``num_gpu_blocks`` x
-    ``block_size`` (an info gauge: the value is 1, the facts are labels; seen live in
-    fixtures/vllm/0.32.0/*/metrics: 8192 x 32 on the tiny model). Data-parallel ranks
-    (``engine``) each have their own pool: they add up, as their requests do."""
+    ``block_size`` (an info gauge, value 1; fixtures/vllm/0.32.0/*/metrics). Data-parallel
+    ranks (``engine``) each have their own pool: they add up, as their requests do."""
     total = 0
     infos = prom_series(body, "vllm:cache_config_info")
     for labels, _ in infos:
@@ -377,7 +373,7 @@ RECIPES: dict[str, tuple[Probe, ...]] = {
 LIBRARY: dict[str, Probe] = {p.name: p for recipe in RECIPES.values() for p in recipe}
 LIBRARY_PROBE_NAMES: frozenset[str] = frozenset(LIBRARY)
 
-#: Detection fingerprints in the §4 order: the first kind whose probes all read a value wins.
+#: Detection fingerprints in order: the first kind whose probes all read a value wins.
 FINGERPRINTS: tuple[tuple[str, tuple[Probe, ...]], ...] = (
     (LLAMASWAP, (llamaswap_running,)),
     (OLLAMA, (ollama_version,)),

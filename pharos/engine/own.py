@@ -32,10 +32,9 @@ class LogFeedUnavailable(Exception):
 
 
 class LogFileLines:
-    """The lines of a log file from its start, read again each time it is iterated, in
-    bounded chunks (an engine log can be gigabytes); a line over ``MAX_LINE_BYTES`` is dropped
-    as the service's feed drops it. Opening is checked at once, so a missing file is an error
-    before doctor starts."""
+    """A log file's lines from its start, read in bounded chunks on each iteration (an engine
+    log can be gigabytes), overlong lines dropped as the feed drops them. Opened at once, so
+    a missing file is an error before doctor starts."""
 
     def __init__(self, path: str) -> None:
         self.path = path

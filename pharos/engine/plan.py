@@ -1,8 +1,7 @@
-"""Plans: which probes answer on one backend, discovered at runtime (spec §4).
+"""Plans: which probes answer on one backend, discovered at runtime.
 
-``resolve`` runs a kind's whole recipe (plus the operator's own probes, first) once and keeps,
-per signal, the first probe that reads a known value; ``Plan.scrape`` then asks only those,
-with one GET per path; ``Plan.follow`` runs the log probes over log lines.
+``resolve`` runs a kind's recipe (own probes first) once and keeps, per signal, the first probe
+that reads a known value; ``Plan.scrape`` asks only those, one GET per path.
 """
 
 from __future__ import annotations
@@ -87,11 +86,8 @@ class Plan:
     async def scrape(
         self, fetcher: Fetcher, full: bool = True
     ) -> tuple[Snapshot, tuple[ProbeFailure, ...]]:
-        """One round of the plan's HTTP probes, one GET per path.
-
-        A failing probe leaves its signal unknown for this round and is reported, so the
-        caller re-resolves (its fallback was dropped as redundant).
-        """
+        """One round of the plan's HTTP probes, one GET per path. A failing probe leaves its
+        signal unknown and is reported, so the caller re-resolves (its fallback was dropped)."""
         probes = [p for p in self.http_probes if full or p.signal in FAST_SIGNALS]
         answers = await fetch_all(fetcher, self.paths(full))
         parts: list[tuple[str, Signal, Snapshot]] = []
@@ -106,10 +102,8 @@ class Plan:
         return merge(parts), tuple(failures)
 
     def follow_line(self, line: bytes) -> Snapshot | None:
-        """The signals one log line sets, or ``None`` when it sets none.
-
-        A matching line with an unusable value is skipped: a log value is never made up.
-        """
+        """The signals one log line sets, or ``None``; an unusable value is skipped, never
+        made up."""
         parts: list[tuple[str, Signal, Snapshot]] = []
         for probe in self.log_probes:
             try:
@@ -171,11 +165,9 @@ async def resolve(
     own: Sequence[Probe] = (),
     has_log_feed: bool = False,
 ) -> tuple[Plan, Snapshot]:
-    """Run the recipe of ``kind`` (detected first when ``auto``) plus the own probes.
-
-    Raises ``BackendUnreachable`` only when the backend answers nothing, and
-    ``DetectionFailed`` when ``auto`` cannot tell the kind safely.
-    """
+    """Run the recipe of ``kind`` (detected first when ``auto``) plus the own probes. Raises
+    ``BackendUnreachable`` when nothing answers, ``DetectionFailed`` when ``auto`` cannot tell
+    the kind safely."""
     if kind == AUTO:
         kind = await detect_kind(fetcher)
     probes = [*own, *RECIPES[kind]]
@@ -228,12 +220,9 @@ async def resolve(
 
 
 async def detect_kind(fetcher: Fetcher) -> str:
-    """The engine kind by the §4 fingerprints, in order; the generic kind only when safe.
-
-    If no fingerprint matched and one got no answer at all or a 503 (an engine loading its
-    model, or dropping requests under load), guessing the generic kind would be wrong until
-    the next resolve, so detection fails and the caller retries next round.
-    """
+    """The engine kind by the fingerprints, in order; the generic kind only when safe: if
+    a fingerprint got no answer or a 503 (an engine loading its model, or overloaded), the
+    generic guess would hold until the next resolve, so detection fails and is retried."""
     paths = list(dict.fromkeys(p.path for _, ps in FINGERPRINTS for p in ps if p.path))
     answers = await fetch_all(fetcher, paths)
     unsure: list[str] = []

@@ -1,4 +1,4 @@
-"""Probes: one way to read one signal from one feed (spec §4), and their generic constructors.
+"""Probes: one way to read one signal from one feed, and their generic constructors.
 
 A probe's ``parse`` gets a whole HTTP body (or one log line) and returns a Snapshot in which
 only its own signal is read. A missing field or metric is an unknown value; a present value
@@ -36,10 +36,8 @@ class ProbeError(Exception):
 @dataclass(frozen=True, slots=True, eq=False)
 class Probe:
     """One way to read one signal: an HTTP path (``path``) or the backend's log (``path=None``).
-
-    ``when`` guards a probe to the engine versions where its field means what it parses;
-    with an unknown version a guarded probe does not run.
-    """
+    ``when`` guards a probe to the engine versions where its field means what it parses; with
+    an unknown version a guarded probe does not run."""
 
     name: str
     signal: Signal
@@ -111,9 +109,8 @@ def prom_samples(body: bytes) -> Mapping[str, tuple[Sample, ...]]:
 
 @lru_cache(maxsize=16)
 def prom_series(body: bytes, name: str) -> tuple[Sample, ...]:
-    """The samples of the one metric ``name``: only its lines are parsed. A whole engine page
-    through prometheus_client's pure-Python parser took 15-35 ms on the reactor every scrape
-    round (the vLLM double's 440 samples), stalling every request that arrived meanwhile."""
+    """The samples of the one metric ``name``: only its lines are parsed (a whole engine page
+    through prometheus_client's pure-Python parser stalls the reactor for tens of ms)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -160,12 +157,11 @@ def prom(
 ) -> Probe:
     """A probe reading one metric of a Prometheus text page.
 
-    ``per_model`` names the label that splits the metric per model; without it the value is the
-    whole backend's. Series that differ only in ``sum_labels`` are added (data-parallel ranks
-    serve different requests); series that differ only in ``replica_labels`` are copies of one
-    state (tensor-parallel ranks see the same batch) and must agree. ``average``: the
-    ``sum_labels`` ranks are averaged instead (a usage ratio of equal pools, one per
-    data-parallel rank). Any other second series for one model is an error. NaN is unknown.
+    ``per_model`` names the label that splits the metric per model (else the whole backend's).
+    Series differing only in ``sum_labels`` add up (data-parallel ranks serve different
+    requests), or are averaged with ``average`` (a usage ratio of equal pools); series
+    differing only in ``replica_labels`` are copies (tensor-parallel ranks see the same batch)
+    and must agree. Any other second series for one model is an error. NaN is unknown.
     """
     if signal not in LOAD_SIGNALS:
         raise ValueError(f"{name}: a Prometheus probe reads load signals only, not {signal.value}")
@@ -268,12 +264,9 @@ def log_line(
     *,
     own: bool = False,
 ) -> Probe:
-    """A probe reading one regular expression over log lines.
-
-    The named group ``value`` holds the value, or ``value`` is fixed (a line that matches
-    reports it). A named group ``model`` keys the value per model; a residency line must name
-    its model. A line that does not match reports nothing.
-    """
+    """A probe reading one regular expression over log lines: the named group ``value`` (or
+    a fixed ``value`` a matching line reports), keyed per model by a group ``model`` (a
+    residency line must name its model)."""
     if signal not in LOG_SIGNALS:
         raise ValueError(f"{name}: log probes read {sorted(s.value for s in LOG_SIGNALS)}")
     rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)

@@ -1,8 +1,5 @@
-"""``pharos doctor --record``: write what a live backend serves in the fixture format.
-
-It records every path of ``RECORD_PATHS`` (whatever the answer, 404s included) and, with
-``streams``, the replies to a fixed set of client requests. It is the only recorder.
-"""
+"""``pharos doctor --record``: write what a live backend serves in the fixture format: every
+path of ``RECORD_PATHS`` (404s included) and, with ``streams``, replies to fixed requests."""
 
 from __future__ import annotations
 
@@ -18,9 +15,8 @@ from pharos.engine.library import OLLAMA
 
 #: A prompt with nothing personal in it: captures are committed.
 _PROMPT = "Count from one to five."
-#: The system text of the Anthropic and Responses requests: long enough (over one 32-token
-#: KV block) that the later of them find it in the engine's prefix cache, so their replies
-#: show a cached count.
+#: The Anthropic and Responses requests' system text: over one 32-token KV block, so the later
+#: ones find it in the prefix cache and their replies show a cached count.
 _SYSTEM = ("You are a careful counting assistant. Answer with the numbers only, written as "
            "words, separated by commas, in increasing order, with no other text before or "
            "after them, and stop after the last number you were asked for.")
@@ -41,8 +37,7 @@ def client_requests(kind: str, model: str) -> list[tuple[str, str, dict[str, Any
          {**comp, "stream": True, "stream_options": {"include_usage": True}}),
         ("embeddings", "/v1/embeddings", {"model": model, "input": "one two three"}),
     ]
-    # Anthropic Messages and OpenAI Responses, streamed and not (the same system text, so
-    # all but the first can hit the prefix cache)
+    # Anthropic Messages and OpenAI Responses, streamed and not (all but the first hit the cache)
     messages = {"model": model, "system": _SYSTEM, "messages": chat["messages"],
                 "max_tokens": 12, "temperature": 0}
     responses = {"model": model, "instructions": _SYSTEM, "input": _PROMPT,

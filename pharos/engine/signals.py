@@ -1,4 +1,4 @@
-"""The fixed vocabulary of engine signals (spec §4) and the snapshot types that hold them.
+"""The fixed vocabulary of engine signals and the snapshot types that hold them.
 
 Every signal value is ``None`` when unknown: a probe that does not find its field or metric
 reports nothing, and nothing downstream may read ``None`` as 0.
@@ -36,7 +36,7 @@ COUNT_SIGNALS: frozenset[Signal] = frozenset(
 #: The load signals in the order of ``Load``'s fields.
 LOAD_ORDER: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACITY, Signal.KV_USAGE,
                                    Signal.KV_POOL_TOKENS)
-#: Signals a log probe may read (spec §4, LogLine).
+#: Signals a log probe may read (LogLine).
 LOG_SIGNALS: frozenset[Signal] = frozenset(
     {Signal.VERSION, Signal.RESIDENCY} | LOAD_SIGNALS
 )
@@ -74,8 +74,7 @@ class Load:
     waiting: int | None = None
     capacity: int | None = None
     kv_usage: float | None = None
-    #: Tokens the engine's KV pool holds (vLLM: num_gpu_blocks x block_size); with kv_usage,
-    #: the room a prompt finds.
+    #: Tokens the KV pool holds (vLLM: num_gpu_blocks x block_size); with kv_usage, the room.
     kv_pool_tokens: int | None = None
 
     def get(self, signal: Signal) -> int | float | None:
@@ -86,13 +85,9 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Signals from one scrape round (or one log line) of one backend.
-
-    Each field is one signal and ``None`` when unknown. A known empty mapping is a value:
-    ``models == ()`` means the backend serves nothing, ``residency == {}`` means every model is
-    cold. ``residency`` lists the models in memory; a served model missing from it is cold.
-    ``sources`` records, per signal, the probe that filled it.
-    """
+    """Signals from one scrape round (or one log line) of one backend, ``None`` when unknown.
+    A known empty value is a value: ``models == ()`` serves nothing, ``residency == {}`` has
+    every model cold. ``sources`` names, per signal, the probe that filled it."""
 
     version: str | None = None
     models: tuple[str, ...] | None = None
@@ -101,9 +96,8 @@ class Snapshot:
     size_bytes: Mapping[str, int] | None = None
     load: Mapping[str, Load] = field(default_factory=dict)
     sources: Mapping[Signal, str] = field(default_factory=dict)
-    #: ``model_info`` and ``load_for`` answers by model, kept: a snapshot never changes, and
-    #: the scheduler asks both of every candidate of every decision (64 targets' views took
-    #: most of a 500 µs decision, issue 10 item 6).
+    #: ``model_info`` and ``load_for`` answers, kept: a snapshot never changes, and every
+    #: decision asks both of every candidate.
     _infos: dict[str, ModelInfo] = field(default_factory=dict, init=False, repr=False,
                                          compare=False)
     _loads: dict[str, Load] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -151,8 +145,7 @@ class Snapshot:
 
     def _load_for(self, model: str) -> Load:
         """Field by field rather than through ``load_of`` (a vLLM snapshot has both entries:
-        cache_config_info is the whole backend's). Both are ``Load`` values built by
-        ``load_of``, so their fields are already converted."""
+        cache_config_info is the whole backend's); both are already converted ``Load``s."""
         own = self.load.get(model)
         whole = self.load.get(WHOLE_BACKEND)
         if own is None:
@@ -171,10 +164,7 @@ class Snapshot:
 
 def merge(parts: Sequence[tuple[str, Signal, Snapshot]]) -> Snapshot:
     """Merge probe results in priority order: per signal, the first known value wins.
-
-    ``parts`` holds ``(probe name, the probe's signal, its result)``; only the probe's own
-    signal is read from its result.
-    """
+    ``parts``: ``(probe name, its signal, its result)``; only that signal is read."""
     fields: dict[str, object] = {}
     sources: dict[Signal, str] = {}
     loads: dict[str, dict[str, int | float]] = {}

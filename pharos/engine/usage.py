@@ -1,13 +1,13 @@
-"""Token usage of one reply, read from what the engine sent (spec §9 "Tap").
+"""Token usage of one reply, read from what the engine sent.
 
 ``parse_usage`` reads one decoded JSON object: an SSE ``data:`` line, an NDJSON line (Ollama's
 native API) or a whole non-streamed body. Where each value can be is data, ``USAGE_FIELDS``: per
-value an ordered list of places, newer names first (the probe rule of §4: a newer name goes
-ahead of an older one only once a recorded stream shows it; ``tests/replay/
-test_usage_replay.py`` replays every recorded reply). The first place present wins.
+value an ordered list of places, newer names first (a newer name goes ahead of an older one
+only once a recorded stream shows it; ``tests/replay/test_usage_replay.py`` replays every
+recorded reply). The first place present wins.
 
-Every value is ``None`` when the engine did not say it, and 0 only when the engine said 0
-(DESIGN §3). Known meanings, per engine:
+Every value is ``None`` when the engine did not say it, and 0 only when the engine said 0.
+Known meanings, per engine:
 
 - OpenAI shape (vLLM, SGLang, mlx-lm, Ollama's /v1, llama.cpp): ``usage.prompt_tokens``
   counts the whole prompt, cached tokens included; ``usage.prompt_tokens_details.
@@ -28,16 +28,14 @@ Every value is ``None`` when the engine did not say it, and 0 only when the engi
   prompt, ``usage.input_tokens_details.cached_tokens`` the cached part, ``usage.output_tokens``
   the completion. In a stream only ``response.completed`` carries it, as ``response.usage``
   (``response.created`` and ``response.in_progress`` have ``"usage": null``).
-- Ollama native: ``prompt_eval_count`` is the whole prompt, cached included, from v0.30.1 on.
-  v0.30.0 alone counted only the uncached tokens there; no capture of v0.30.0 exists, so this
-  table does not special-case it (its prompt count would read low). ``prompt_eval_cached_count``
-  exists from v0.33.3 (present with 0 when nothing was cached). Durations are nanoseconds, and
-  every metric is omitted when zero (so a missing one is unknown, not 0).
+- Ollama native: ``prompt_eval_count`` is the whole prompt, cached included, from v0.30.1 on
+  (v0.30.0 alone counted only the uncached tokens; not special-cased, no capture exists).
+  ``prompt_eval_cached_count`` exists from v0.33.3 (0 when nothing was cached). Durations are
+  nanoseconds; every metric is omitted when zero (so a missing one is unknown, not 0).
 
-Embeddings generate no tokens: their completion count is 0, not unknown. Nothing in an
-embeddings body says "I generated nothing", so the caller says which route it forwarded:
-``parse_usage(obj, embeddings=True)`` (and ``StreamTap(embeddings=True)``) for
-``/v1/embeddings`` and ``/api/embed``. A reply with no usage at all stays ``None`` there too.
+Embeddings generate no tokens, but nothing in their body says so: the caller passes
+``embeddings=True`` for ``/v1/embeddings`` and ``/api/embed`` and the completion count is 0.
+A reply with no usage at all stays ``None`` there too.
 
 A stream may spread its usage over several events (Anthropic's ``message_start`` and
 ``message_delta``): ``merge_usage`` keeps what an earlier event said unless a later one says it
@@ -76,10 +74,9 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class UsageField:
-    """One place a usage value can be: the sum of the numbers at ``paths`` (every one must be
-    there, or this place does not apply) plus those at ``plus`` that are there. A duration's
-    ``per_sec`` is how many of its units make a second (1e3 for milliseconds); a count has
-    none."""
+    """One place a usage value can be: the sum of the numbers at ``paths`` (all present, or
+    the place does not apply) plus those at ``plus`` that are. ``per_sec``: a duration's units
+    per second (1e3 for milliseconds); None for a count."""
 
     paths: tuple[tuple[str, ...], ...]
     per_sec: float | None = None
@@ -149,8 +146,8 @@ def _below_envelope(path: tuple[str, ...]) -> str:
     return path[i]
 
 
-#: The keys any usage value hangs from, at the top level or right inside an envelope
-#: ("usage", "timings", "eval_count", ...): a line carrying usage holds one of them.
+#: The keys any usage value hangs from, at the top or inside an envelope: a line carrying
+#: usage holds one.
 USAGE_KEYS: frozenset[str] = frozenset(
     _below_envelope(path)
     for fields in USAGE_FIELDS.values() for f in fields for path in (*f.paths, *f.plus)
@@ -187,11 +184,8 @@ def _read(obj: Mapping[str, Any], f: UsageField) -> int | float | None:
 
 
 def parse_usage(obj: Mapping[str, Any], *, embeddings: bool = False) -> Usage | None:
-    """The usage in one decoded JSON object, or ``None`` if it carries none.
-
-    ``embeddings``: the object answers an embeddings request, so an unreported completion
-    count is 0 (embeddings generate nothing) rather than unknown.
-    """
+    """The usage in one decoded JSON object, or ``None``. ``embeddings``: an unreported
+    completion count is 0 (embeddings generate nothing), not unknown."""
     if not isinstance(obj, Mapping):
         return None
     values: dict[str, Any] = {}

@@ -1,2 +1,1 @@
-"""Peers and availability (spec §12): the peer site, deltas, snapshots, membership, the state
-file."""
+"""Peers and availability: the peer site, deltas, snapshots, membership, the state file."""

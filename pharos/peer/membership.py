@@ -1,11 +1,7 @@
-"""Who the peers are (spec §12): the ``peers.members`` list, or every address ``peers.dns``
-resolves to, re-resolved every ``DNS_INTERVAL`` seconds.
-
-A member is a ``host:port`` (``[v6]:port``) string, the authority of its peer URLs. The
-resolver is injected (``Resolver``), so tests need no DNS server; ``DnsResolver`` asks
-Twisted's resolver chain (the hosts file, then DNS) for every A record, which is what a
-Kubernetes headless Service answers with. Which member is this instance is learned from
-``Pharos-Origin`` on its replies (``PeerNode``), not here.
+"""Who the peers are: the ``peers.members`` list, or every address ``peers.dns`` resolves to
+(re-resolved every ``DNS_INTERVAL`` seconds), each a ``host:port`` (``[v6]:port``) string.
+``DnsResolver`` asks Twisted's resolver chain for every A record, as a Kubernetes headless
+Service answers. Which member is this instance is learned from ``Pharos-Origin``, not here.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from twisted.internet.defer import Deferred
 
 from pharos.config import PeersConfig
 
-#: Seconds between re-resolutions of ``peers.dns`` (spec §12).
+#: Seconds between re-resolutions of ``peers.dns``.
 DNS_INTERVAL: Final = 10.0
 
 

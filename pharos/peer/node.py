@@ -1,43 +1,31 @@
-"""The peer node (spec §12): one sender loop per peer, the merge of what peers send, and the
-snapshot pulls that heal a reconnect.
+"""The peer node: one sender loop per peer, the merge of what peers send, and the snapshot
+pulls that heal a reconnect.
 
 Push-based full mesh. Every ``TICK`` each peer gets a ``Delta``: this origin's absolute gauges
-and recent usage cells (a lost delta is repaired by the next, nothing is acknowledged or
-retried) and the prefix ops since its last tick, taken from a bounded pending list
-(``MAX_PENDING``; a full list drops new ops: they are hints). A peer's tick is skipped while
-its previous delta is outstanding, and each delta has a timeout, so a slow peer delays only
-itself and nothing piles up. The hot path never waits: ``push`` appends to lists.
+and recent usage cells (a lost delta is repaired by the next; nothing is acknowledged or
+retried), every target's learned retention, and the prefix ops since its last tick from a
+bounded list (``MAX_PENDING``; a full list drops new ops: they are hints). A peer's tick is
+skipped while its previous delta is outstanding, and each delta has a timeout, so a slow
+peer delays only itself. The hot path never waits: ``push`` appends to lists.
 
-Each delta also carries every target's learned retention (``RootCaches.export_retention``;
-the one learned last is kept), so all instances judge stale predictions alike.
+Dispatches are told too (``Delta.dispatched``), so peers route on where prompts are going,
+not where they went a tick ago (else two instances put one new root into two small caches
+and the copies cascade). A dispatch that moves a root (``PrefixOp.moved``) or a reservation
+against a daily budget (``kick``) sends a delta to every peer on the next reactor turn:
+quotas are exact to one in-flight request per key per instance only if siblings learn of it
+before the next request for that key.
 
-Dispatches are told too (``Delta.dispatched``): every request sent, as a predicted record, so
-peers route on where prompts are going rather than where they went a first byte and a tick
-ago (W1 behind three instances: two instances put one new root into two small caches, and
-the copies cascade). A dispatch that puts a root into a cache taken to lack it
-(``PrefixOp.moved``) is not left for the tick: a delta goes to every peer on the next reactor
-turn (several such dispatches in one turn share it; a peer with a delta outstanding gets
-one as soon as that is answered). So does a reservation against a daily budget
-(``Ledger.on_reserve`` → ``kick``): quotas are exact to one in-flight request per key per
-instance only if siblings learn of it before the next request for that key.
+Idle, nothing is sent: a tick that would repeat the last delta the peer answered 200 is
+skipped (``Peer.idle``), except for a keep-alive every ``KEEPALIVE`` seconds (gauges,
+reservations and retention, no cells), well inside the receivers' ``PEER_SILENCE_SEC``. A
+failed or refused delta, or another origin answering (a restart), forgets what was
+acknowledged, so everything goes again. Otherwise only cells that differ from the
+acknowledged ones go (cells merge by max): unchanged cells' JSON was most of a delta's cost.
 
-Idle, nothing is sent: a tick whose delta would carry no op and the same fingerprint, gauges,
-reservations, cells and retention as the last delta that peer answered 200 is skipped
-(``Peer.idle``), except that a keep-alive goes every ``KEEPALIVE`` seconds (well inside the
-receivers' ``PEER_SILENCE_SEC``, so a live idle peer is never taken for gone, and a gone one
-still is). A keep-alive carries the gauges, reservations and retention (absolute, they refresh
-the receiver's silence clock) but no cells: those it already has. A failed or
-refused delta forgets what was acknowledged, so the next tick sends everything again (so
-does an answer from another origin at that member: it restarted). A delta that does go
-carries only the cells that differ from the acknowledged ones (cells merge field-wise by max,
-so the rest are there): at a 50 ms tick under load, the
-unchanged cells' JSON and their parse on the receiver were most of a delta's cost.
-
-What arrives is merged by the modules that own it (``Scheduler.merge_gauges`` /
-``merge_prefix`` / ``forget``, ``Ledger.merge`` / ``merge_reserved``); the node only moves
-bytes. A member that answers with this instance's own origin is this instance and is
-skipped. A member that was unreachable (or is new) and answers again has its snapshot pulled
-and merged (``restore``), which heals whatever a partition missed.
+What arrives is merged by the modules that own it (``Scheduler``, ``Ledger``); the node only
+moves bytes. A member that answers with this instance's own origin is skipped. A member that
+was unreachable (or is new) and answers again has its snapshot pulled and merged
+(``restore``), which heals whatever a partition missed.
 """
 
 from __future__ import annotations
@@ -64,16 +52,16 @@ from pharos.usage import Ledger
 
 log = Logger()
 
-#: Seconds between deltas to one peer (spec §12).
+#: Seconds between deltas to one peer.
 TICK: Final = 0.2
 #: Seconds between keep-alives to an idle peer (a quarter of ``sched.PEER_SILENCE_SEC``: three
 #: may be lost before the receiver takes this instance for gone).
 KEEPALIVE: Final = PEER_SILENCE_SEC / 4
-#: Prefix ops waiting for one peer's next delta; more are dropped (spec §12: 10k).
+#: Prefix ops waiting for one peer's next delta; more are dropped.
 MAX_PENDING: Final = 10_000
 #: Seconds a delta may take before it is abandoned (the next tick sends a fresh one).
 DELTA_TIMEOUT: Final = 2.0
-#: Seconds a snapshot pull may take (at start, all pulls together: spec §12 "5 s overall").
+#: Seconds a snapshot pull may take (at start, all pulls together).
 SNAPSHOT_TIMEOUT: Final = 5.0
 #: Seconds without a successful exchange after which a peer counts as disconnected, so its
 #: next answer pulls a snapshot (one lost delta is not a partition).
@@ -163,12 +151,9 @@ class Origin:
 
 
 class PeerNode(Service):
-    """Sender loops, delta merges and snapshot pulls for one instance.
-
-    ``fingerprint`` is called per delta (a hot reload may change it); ``restore`` merges a
-    snapshot's bytes (``pharos.peer.snapshot.restore_bytes``, in steps; it may return a
-    Deferred) and raises ``ValueError`` on a bad one.
-    """
+    """Sender loops, delta merges and snapshot pulls for one instance. ``fingerprint`` is
+    called per delta (a reload may change it); ``restore`` merges a snapshot's bytes (it may
+    return a Deferred) and raises ``ValueError`` on a bad one."""
 
     def __init__(self, origin: str, fingerprint: Callable[[], str], sched: Scheduler,
                  ledger: Ledger, transport: Transport, membership: Membership,
@@ -190,8 +175,7 @@ class PeerNode(Service):
         self.origins: dict[str, Origin] = {}
         self.seq = 0
         self.leaving = False
-        #: Counts for metrics: deltas refused (by reason) and origins whose fingerprint
-        #: differs from ours.
+        #: For metrics: deltas refused by reason, origins whose fingerprint differs from ours.
         self.refused: dict[str, int] = {}
         self.fingerprint_mismatch: set[str] = set()
         self._resolve_loop = Periodic(clock, DNS_INTERVAL, self._resolve, now=True,
@@ -257,9 +241,8 @@ class PeerNode(Service):
     # --- sending -------------------------------------------------------------------------
 
     def push(self, op: PrefixOp) -> None:
-        """A prefix record, correction or dispatch for every peer's next delta (the
-        scheduler's ``on_prefix``): appended, or dropped where the list is full. A dispatch
-        that moved a root asks for a delta on the next reactor turn (``_flush``)."""
+        """A prefix op for every peer's next delta (``on_prefix``), dropped where the list is
+        full. A dispatch that moved a root asks for a delta on the next turn."""
         cap = self.max_pending
         for peer in self.peers.values():
             if peer.myself:
@@ -274,9 +257,8 @@ class PeerNode(Service):
             self._flush_call = self.clock.callLater(0, self._flush)
 
     def _flush(self, every: bool = False) -> None:
-        """A delta to every peer now (a root moved; ``every``: a reservation changed, so
-        peers without ops too): those with one outstanding get theirs when it is answered.
-        Never raises."""
+        """A delta to every peer now (``every``: peers without ops too); those with one
+        outstanding get theirs when it is answered. Never raises."""
         self._flush_call = None
         for peer in list(self.peers.values()):
             if peer.myself or peer.loop is None or not (
@@ -307,11 +289,8 @@ class PeerNode(Service):
               dispatched: list[PrefixOp] | None = None,
               state: tuple[object, ...] | None = None, keepalive: bool = False,
               since: tuple[object, ...] | None = None) -> Delta:
-        """This instance's delta now: absolute gauges and recent cells, the given ops and
-        dispatches (a keep-alive: gauges only). ``since``: the state the receiver
-        acknowledged last; only the cells that differ from it go (cells merge field-wise by
-        max, so the others are there already). Retention always goes (a row per target): a
-        receiver that dropped a target's retention gets it back."""
+        """This instance's delta now (a keep-alive: gauges only); only cells that differ from
+        ``since`` go. Retention always goes, so a receiver that dropped it gets it back."""
         self.seq += 1
         fp, gauges, cells, retention = self.state() if state is None else state
         assert isinstance(cells, list)
@@ -329,9 +308,8 @@ class PeerNode(Service):
         return targets[tid].key if 0 <= tid < len(targets) else None
 
     def _tick(self, peer: Peer) -> bool:
-        """One peer's tick: True when a delta went. Nothing goes when nothing changed since
-        the delta the peer acknowledged, unless a keep-alive is due. Never raises (``_flush``
-        calls it too)."""
+        """One peer's tick: True when a delta went (nothing changed since the acknowledged one
+        and no keep-alive due: none). Never raises (``_flush`` calls it too)."""
         try:
             if peer.myself:
                 return False
@@ -485,9 +463,8 @@ class PeerNode(Service):
     # --- leaving -------------------------------------------------------------------------
 
     def leave(self) -> Deferred[None]:
-        """The last delta, marked Leaving, to every peer (an ``on_leaving`` entry: during
-        drain, after the streams finished): peers drop this instance's gauges at once and
-        hold its final cells. The loops stop first; peers that do not answer within
+        """The last delta, marked Leaving, to every peer (after the drain's streams finished):
+        peers drop this instance's gauges at once and hold its final cells. Peers slower than
         ``DELTA_TIMEOUT`` are not waited for. Never fails."""
         self.leaving = True
         sends = []
@@ -510,9 +487,8 @@ class PeerNode(Service):
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def receive(self, delta: Delta) -> list[str]:
-        """Merge a peer's delta through the owning modules; returns what was refused (each
-        part is checked and merged on its own: a malformed part is refused whole, the rest
-        merges). A delta from this instance's own origin merges nothing."""
+        """Merge a peer's delta through the owning modules; returns what was refused (a
+        malformed part is refused whole, the rest merges). Our own origin merges nothing."""
         if delta.origin == self.origin:
             return []
         now = self.clock.seconds()

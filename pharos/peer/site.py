@@ -1,8 +1,7 @@
-"""The peer site (spec §12): a separate Klein site on ``peers.listen``, for a private network.
+"""The peer site: a separate Klein site on ``peers.listen``, for a private network.
 
-``POST /peer/delta`` merges a peer's delta (200; 400 naming what is malformed; 409 for another
-wire proto). ``GET /peer/snapshot`` serves this instance's snapshot (gzip'd versioned JSON,
-sent as ``application/gzip`` so no client decodes it on the way). Both need the shared
+``POST /peer/delta`` merges a peer's delta; ``GET /peer/snapshot`` serves this instance's
+snapshot as ``application/gzip``, so no client decodes it on the way. Both need the shared
 secret as a bearer token, compared in constant time. Every reply, errors and 404s included,
 carries ``Pharos-Origin``, so a member that is this instance is recognised and skipped.
 """

@@ -1,7 +1,7 @@
-"""The Snapshot of spec §12: what ``GET /peer/snapshot`` serves and the state file holds.
+"""The Snapshot: what ``GET /peer/snapshot`` serves and the state file holds.
 
-Gzip of newline-delimited JSON, so it is written and read in small steps (a snapshot with
-the default caps full is 31 MB of JSON: one ``json.loads`` of it holds the GIL for seconds)::
+Gzip of newline-delimited JSON, so it is written and read in small steps (a full snapshot is
+tens of MB of JSON: one ``json.loads`` of it holds the GIL for seconds)::
 
     {"proto": 1, "origin": "...", "taken_at": 1764633600.0}                 the header, first
     {"stats": [{"target": key, "prefill_sec_per_token": x, "load_sec": y, "service_sec": z}]}
@@ -9,32 +9,23 @@ the default caps full is 31 MB of JSON: one ``json.loads`` of it holds the GIL f
     {"prefix": [[link_hash, [[target_key, last_used], ...]], ...]}
     {"roots": [{"target": key, "retained": n, "learned_at": t, "roots": [[hash, tokens, t]]}]}
 
-A part line holds at most ``PART_ITEMS`` items (a few tens of KB). Prefix parts come least
-recently used part first, each part's entries most recent first (as ``PrefixIndex.merge``
-takes them), so a reader that merges each part as it arrives rebuilds the writer's LRU
-order; the snapshot's prefix entries, most recent first, are the parts read backwards.
-The ``roots`` part (each engine's root LRU and learned retention, ``RootCaches``) is
-optional: it came after the first proto-1 writers, which ignore it as an unknown kind, and a
-snapshot without it restores as before (an empty picture).
-Readers take parts in any order and any number; unknown fields, part kinds and trailing
-list items are ignored so mixed versions interoperate; ``PROTO`` is bumped only for a
-breaking change, and a newer one is refused. (A small snapshot of the first proto-1 writers,
-one JSON object on one line, is a header carrying all three parts: it still reads.)
+A part line holds at most ``PART_ITEMS`` items. Prefix parts come least recently used part
+first, each part's entries most recent first (as ``PrefixIndex.merge`` takes them), so merging
+each part as it arrives rebuilds the writer's LRU order. The ``roots`` part is optional: older
+proto-1 writers do not send it and ignore it as an unknown kind. Readers take parts in any
+order and number; unknown fields, part kinds and trailing list items are ignored so mixed
+versions interoperate; ``PROTO`` is bumped only for a breaking change, and a newer one is
+refused. (A small snapshot of the first proto-1 writers, one JSON object on one line, is a
+header carrying all three parts: it still reads.)
 
 Prompt text never appears: a prefix entry is a 64-bit link hash and the targets that held it.
-Each replicated module owns its export and merge (``PrefixIndex.iter_export``/``merge``,
-``Ledger.iter_export``/``merge``, ``State.export_stats``/``merge_stats``,
-``RootCaches.export``/``merge``); this module only
-turns them into bytes and back, in steps on the injected clock (``build``,
-``restore_bytes``), so a serving instance merging a peer's snapshot keeps serving.
+Each replicated module owns its export and merge; this module only turns them into bytes and
+back, in steps on the injected clock, so an instance merging a peer's snapshot keeps serving.
 
-A bad stream raises ``SnapshotError``. ``restore_bytes`` first inflates the whole stream once
-without parsing it (a fraction of the parse's cost), so a truncated or corrupt gzip stream
-(its CRC) merges nothing; a stream that is whole gzip but wrong inside (a bad line) has the
-parts before that line merged. That is safe: every merge is idempotent and max-based (prefix
-slots by ``last_used``, cells field-wise max, stats only where no local sample, roots by last
-send and retention by when learned), so a partial
-merge is a subset of a valid snapshot's effect, and merging the whole one later completes it.
+A bad stream raises ``SnapshotError``. ``restore_bytes`` first inflates the whole stream
+without parsing it, so a truncated or corrupt gzip stream (its CRC) merges nothing; a whole
+gzip stream with a bad line has the parts before that line merged. That is safe: every merge
+is idempotent and max-based, so a partial merge is a subset of a valid snapshot's effect.
 """
 
 from __future__ import annotations
@@ -58,11 +49,9 @@ from pharos.usage import Ledger, parse_cell
 
 #: Wire version shared by deltas, snapshots and the state file.
 PROTO: Final = 1
-#: Items per part line (about 30 KB of cells, 9 KB of prefix entries): a line is parsed and
-#: merged in one step of about a ms. Small enough that a line's objects stay under the
-#: collector's generation-0 threshold (700): with 512, every line set off a young collection
-#: that promoted its objects, and those brought on 4-9 full collections per snapshot (each
-#: 50-450 ms with a full heap); with 128, one or none (contrib/bench/statefile-2026-12-02b).
+#: Items per part line: parsed and merged in one step of about a ms, and a line's objects
+#: stay under the collector's generation-0 threshold (700); larger lines set off young
+#: collections that promoted their objects and brought on full collections.
 PART_ITEMS: Final = 128
 #: Bytes inflated per reading step.
 INFLATE_STEP: Final = 256 * 1024
@@ -70,8 +59,7 @@ INFLATE_STEP: Final = 256 * 1024
 CHECK_STEP: Final = 4 * 1024 * 1024
 #: A longer line is refused (parsing it would hold the reactor for tens of ms).
 MAX_LINE_BYTES: Final = 1024 * 1024
-#: A snapshot inflating past this is refused (a gzip bomb, or not a snapshot): 200k prefix
-#: entries and 80k cells take about 31 MB.
+#: A snapshot inflating past this is refused (a gzip bomb, or not a snapshot).
 MAX_DECODED_BYTES: Final = 512 * 1024 * 1024
 _U64: Final = 2**64
 #: Seconds between two slices of steps: the next reactor turn (a zero delay would run every
@@ -85,8 +73,7 @@ ROOT_ROWS: Final = 8
 
 @dataclass
 class Restored:
-    """What a restore merged and dropped, per part (prefix counted in slots), and whose
-    snapshot it was (``None`` until its header is read)."""
+    """What a restore merged and dropped, per part (prefix in slots), and whose snapshot."""
 
     prefix_merged: int = 0
     prefix_dropped: int = 0  # slots of targets not seen here (yet)
@@ -134,8 +121,7 @@ class Replicas:
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    """A whole decoded snapshot (``decode``: tests and tools; an instance merges the bytes
-    with ``restore_bytes`` and never holds one), prefix entries most recent first."""
+    """A whole decoded snapshot (tests and tools), prefix entries most recent first."""
 
     proto: int
     origin: str
@@ -151,10 +137,8 @@ class StateSnapshot:
 
 def build(replicas: Replicas, clock: IReactorTime, *,
           steps_per_turn: int | None = None) -> Deferred[bytes]:
-    """The snapshot of ``replicas`` as bytes, encoded a part per step on ``clock`` so the
-    reactor keeps serving (the prefix index is copied a shard per step first, the cells when
-    their turn comes). ``steps_per_turn``: a fixed number of steps per reactor turn instead
-    of about 10 ms of them (tests)."""
+    """The snapshot of ``replicas`` as bytes, a part per step on ``clock`` so the reactor
+    keeps serving. ``steps_per_turn``: a fixed number of steps per turn (tests)."""
     out: list[bytes] = []
     steps = _build_steps(replicas, clock.seconds(), out)
     d = _cooperate(clock, steps, steps_per_turn)
@@ -213,8 +197,7 @@ def _batches(items: Iterator[Any], size: int = PART_ITEMS) -> Iterator[list[Any]
 
 def _cooperate(clock: IReactorTime, steps: Iterator[None],
                steps_per_turn: int | None = None) -> Deferred[None]:
-    """Run ``steps`` a slice at a time on ``clock`` (about 10 ms of them, or
-    ``steps_per_turn``); fires when they are done."""
+    """Run ``steps`` a slice (about 10 ms, or ``steps_per_turn``) at a time on ``clock``."""
     if steps_per_turn is None:
         coop = Cooperator(scheduler=lambda f: clock.callLater(TURN, f))
     else:
@@ -373,9 +356,8 @@ def _part(doc: Mapping[str, object], kind: str, first: int) -> list[Any]:
 
 
 def decode(data: bytes) -> StateSnapshot:
-    """A whole snapshot's bytes back, checked all through (tests and tools: it holds every
-    entry at once; an instance uses ``restore_bytes``). ``SnapshotError`` says what is
-    wrong."""
+    """A whole snapshot's bytes back, checked all through (tests and tools; an instance uses
+    ``restore_bytes``). ``SnapshotError`` says what is wrong."""
     header: _Header | None = None
     parts: dict[str, list[Any]] = {kind: [] for kind in PARTS}
     prefix_parts: list[list[Entry]] = []
@@ -422,10 +404,9 @@ def _entry(raw: object, i: int) -> Entry:
 
 def restore(replicas: Replicas, snap: StateSnapshot, now: float,
             source: Source = "restored") -> Restored:
-    """Merge a decoded ``snap`` through each module's own ``merge`` in one go (tests and
-    tools; idempotent, so merging several sources, or one twice, is safe). Prefix slots of
-    targets not seen here are dropped (restore after the first scrape round); stats of such
-    targets wait for them."""
+    """Merge a decoded ``snap`` through each module's ``merge`` in one go (tests and tools).
+    Prefix slots of targets not seen here are dropped (restore after the first scrape
+    round); stats of such targets wait for them."""
     done = Restored(origin=snap.origin, taken_at=snap.taken_at)
     _merge(replicas, "prefix", snap.prefix, now, source, done)
     _merge(replicas, "cells", snap.cells, now, source, done)
@@ -437,10 +418,9 @@ def restore(replicas: Replicas, snap: StateSnapshot, now: float,
 def restore_bytes(replicas: Replicas, data: bytes, clock: IReactorTime,
                   source: Source = "restored", *,
                   steps_per_turn: int | None = None) -> Deferred[Restored]:
-    """Check, decode and merge a snapshot's bytes in steps on ``clock`` (each part merged as
-    it is read, so neither the JSON nor the decoded snapshot is ever held whole), for an
-    instance that serves meanwhile. Fails with ``SnapshotError`` (its ``partial``: whole
-    parts merged before a defect inside a whole gzip stream; see the module docstring)."""
+    """Check, decode and merge a snapshot's bytes in steps on ``clock``, each part as it is
+    read, so neither the JSON nor the decoded snapshot is held whole. Fails with
+    ``SnapshotError`` (``partial``: whole parts merged before a defect)."""
     done = Restored()
     steps = _restore_steps(replicas, data, clock.seconds, source, done)
     d = _cooperate(clock, steps, steps_per_turn)

@@ -1,14 +1,10 @@
-"""The state file (spec §12, ``state_file:``): the Snapshot on disk, so a single instance keeps
-its prefix index, usage and speeds across restarts.
-
-Written every ``WRITE_EVERY`` seconds and once more at shutdown (after the drain, so nothing
-counted is lost): the snapshot is built in steps on the reactor (``snapshot.build``), then
-written to a temporary file beside it, synced and renamed over it in a thread, so a crash
-mid-write leaves the previous file whole. At start it is read in a thread, then checked,
-decoded and merged in steps on the reactor (``snapshot.restore_bytes``, the code that merges a
-peer's snapshot); a missing file is a first start, and a truncated or corrupt one is logged
-and the instance starts empty rather than not at all (a file that is whole gzip but wrong
-inside keeps the parts before the defect: see ``pharos.peer.snapshot``).
+"""The state file (``state_file:``): the Snapshot on disk, so a single instance keeps its
+prefix index, usage and speeds across restarts. Written every ``WRITE_EVERY`` seconds and once
+more after the drain, so nothing counted is lost: built in steps on the reactor, then written
+to a temporary file, synced and renamed over it in a thread, so a crash mid-write leaves the
+previous file whole. At start it is read in a thread and merged in steps like a peer's
+snapshot; a missing file is a first start, and a corrupt one is logged and the instance
+starts empty rather than not at all.
 """
 
 from __future__ import annotations
@@ -29,11 +25,10 @@ from pharos.periodic import Periodic
 
 log = Logger()
 
-#: Seconds between writes (spec §12).
+#: Seconds between writes.
 WRITE_EVERY: Final = 30.0
 
-#: Runs a blocking function off the reactor thread (``deferToThreadPool``; tests run it
-#: in place).
+#: Runs a blocking function off the reactor thread (tests run it in place).
 InThread = Callable[[Callable[[], Any]], "Deferred[Any]"]
 
 
@@ -130,9 +125,8 @@ class StateFile(Periodic):
         return d
 
     def restore(self) -> Deferred[None]:
-        """Read, decode and merge the file (a ``restore_sources`` entry). Never fails: a
-        missing file is a first start; an unreadable, truncated or corrupt one is logged and
-        the instance starts without it."""
+        """Read, decode and merge the file (a ``restore_sources`` entry). Never fails: a bad
+        file is logged and the instance starts without it."""
         async def go() -> None:
             try:
                 data = await self.in_thread(lambda: read_bytes(self.path))

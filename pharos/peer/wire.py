@@ -1,23 +1,17 @@
-"""The delta on the wire (spec §12): versioned JSON, ``POST /peer/delta`` every tick.
+"""The delta on the wire: versioned JSON, ``POST /peer/delta`` every tick.
 
 A delta carries this origin's absolute gauges and recent usage cells, so a lost one is
 repaired by the next, plus the prefix ops since the last tick (lossy hints). Unknown fields
-are ignored, so a later release may add some without a bump; ``proto`` changes only for
-breaking changes, and a peer on another proto is answered 409 (``ProtoMismatch``).
+are ignored, so a later release may add some without a bump; a peer on another ``proto`` is
+answered 409 (``ProtoMismatch``).
 
-Since the dispatch ops were added (no proto bump: older peers ignore the field), a delta also
-carries ``dispatch``: the requests this origin sent since its last delta, each a predicted
-record (target key, link hashes, when, the root's estimated tokens, whether the target was
-taken to lack the root). A delta without the field comes from an older peer, whose records
-then stand for its sends (``Delta.dispatched`` is None).
+A delta also carries ``dispatch``: the requests this origin sent since its last delta, each a
+predicted record; without it (an older peer) its records stand for its sends. And
+``retention``: per target the root tokens its cache was last seen to retain and when (the
+receiver keeps the latest), so every instance drops stale predictions alike.
 
-A delta also carries ``retention``: per target the root tokens its cache was last seen to
-retain and when that was learned (``RootCaches.export_retention``; the receiver keeps the one
-learned last), so every instance drops stale predictions on what every reply taught.
-
-Decoding checks the shape only (types and bounds); each owning module checks its own part
-when it merges (``Scheduler.merge_gauges``, ``Ledger.merge``, ``Ledger.merge_reserved``).
-No prompt text travels: prefix ops are 64-bit hashes and a target key.
+Decoding checks the shape only; each owning module checks its part when it merges. No prompt
+text travels: prefix ops are 64-bit hashes and a target key.
 """
 
 from __future__ import annotations
@@ -57,8 +51,8 @@ class ProtoMismatch(WireError):
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """One tick's message from ``origin`` (spec §12 ``Delta``). ``gauges`` holds the
-    scheduler's parts (``inflight``, ``waiting``) and usage's (``reserved``)."""
+    """One tick's message from ``origin``. ``gauges`` holds the scheduler's parts
+    (``inflight``, ``waiting``) and usage's (``reserved``)."""
 
     origin: str
     fingerprint: str
@@ -70,18 +64,16 @@ class Delta:
     cells: Sequence[Mapping[str, Any]] = ()
     prefix: Sequence[PrefixOp] = ()
     proto: int = PROTO
-    #: The sender's dispatches since its last delta (``PrefixOp.dispatched``); None: a peer
-    #: of a release that does not tell them (its records stand for its sends).
+    #: The sender's dispatches since its last delta; None: an older peer (records stand).
     dispatched: Sequence[PrefixOp] | None = None
     #: Each target's learned retention (rows without roots); None: not sent.
     retention: Sequence[RootsRow] | None = None
 
 
 def fingerprint(config: Config) -> str:
-    """A hash of what peers must agree on to share state (spec §12): the static backend set
-    (prefix ops and gauges name targets by backend URL), the key and tenant names (usage
-    cells), and the usage timezone (day buckets). DNS backend groups count by name and port
-    (their members are what every peer resolves). 16 hex digits."""
+    """A hash (16 hex digits) of what peers must agree on to share state: the static backend
+    set (ops and gauges name targets by URL; DNS groups by name and port), the key and tenant
+    names (usage cells), and the usage timezone (day buckets)."""
     what: dict[str, object] = {"backends": sorted(b.url for b in config.backends),
             "keys": sorted([k.name, k.tenant] for k in config.keys),
             "tenants": sorted(t.name for t in config.tenants),

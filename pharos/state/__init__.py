@@ -1,1 +1,1 @@
-"""Backends, targets and what Pharos knows about them now (spec §5)."""
+"""Backends, targets and what Pharos knows about them now."""

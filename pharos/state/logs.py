@@ -1,11 +1,10 @@
-"""The log follower: one backend's log feed through its plan's log probes (spec §4, §5).
+"""The log follower: one backend's log feed through its plan's log probes.
 
-Started by the backend's scraper once its plan has active log probes. Each line goes through
-``Plan.follow_line`` in memory and is dropped; only the values it set are kept, in the
-backend's log snapshot (``BackendState.log``), apart from the scraped rounds, so they do not go
-stale with the scrape interval. ``view_of`` takes a signal from it only where no scraped probe
-knows the signal. While the feed is disconnected the log snapshot is ``None`` (its values are
-unknown, never 0) and the follower reconnects with backoff, 1 s doubling to 30 s.
+Started once the plan has active log probes. Each line goes through ``Plan.follow_line`` in
+memory and is dropped; the values it set are kept in ``BackendState.log``, apart from the
+scraped rounds so they do not go stale with the scrape interval, and used only where no
+scraped probe knows the signal. While the feed is disconnected that is ``None`` (unknown,
+never 0) and the follower reconnects with backoff.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from pharos.state.registry import BackendState, Target, rename
 
 log = Logger()
 
-#: Reconnect backoff (spec §5): the first retry after 1 s, doubling up to 30 s.
+#: Reconnect backoff: the first retry after 1 s, doubling up to 30 s.
 BACKOFF_FIRST: Final = 1.0
 BACKOFF_MAX: Final = 30.0
 
@@ -37,10 +36,7 @@ FeedFactory = Callable[[BackendSpec], LogFeed | None]
 
 def default_feeds(clock: IReactorTime, docker: DockerFeeds | None = None) -> FeedFactory:
     """The feed of a spec's ``logs:`` URL (``file://`` always; ``docker://`` with ``docker``).
-
-    A feed that cannot be built is logged when its backend's scraper starts and counts as no
-    feed: its log probes are dropped with "no log feed".
-    """
+    One that cannot be built is logged and counts as none ("no log feed")."""
 
     def feed(spec: BackendSpec) -> LogFeed | None:
         if spec.logs is None:

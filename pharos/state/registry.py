@@ -1,4 +1,4 @@
-"""Backends and targets, and the view of a target's signals as of now (spec §5)."""
+"""Backends and targets, and the view of a target's signals as of now."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from pharos.state.stats import TargetStats
 STALE_AFTER_INTERVALS = 3
 
 #: Change stamps: every write to a field of a ``Target`` or ``BackendState`` that a view or a
-#: candidate reads takes the next number, so a view or candidate built from them is known to
-#: be current while the stamps it was built at are unchanged (``State.view``, the scheduler's
-#: candidates: a decision over 64 targets rebuilt each one's view and candidate every time).
+#: candidate reads takes the next number, so a view or candidate built from them is current
+#: while the stamps it was built at are unchanged.
 _STAMPS = count(1)
 
 
@@ -48,8 +47,7 @@ class BackendState:
     replied_at: float | None = None
     removed: bool = False
     rounds: int = 0
-    #: Values its log feed's lines set (``pharos.state.logs``); ``None`` while no feed is
-    #: connected. Used only where no scraped probe knows the signal.
+    #: Values its log feed set, used where no scraped probe knows; ``None``: no feed connected.
     log: Snapshot | None = None
 
     #: The stamp of its last write that a view may read (``_STAMPS``); ``changes``: the last
@@ -105,18 +103,16 @@ class Target:
     unstarted: int = 0
     #: When the last of our requests on it had its first byte (a prefill ahead ended).
     last_first_byte_at: float | None = None
-    #: Capacity learned from the engine's own counts when it reports none (issue 10): the
-    #: most requests it was seen running at once, raised one slot a round while requests come
-    #: when it has no free slot and the engine has no queue, set to Running when the engine
-    #: queues with KV blocks to spare (and no longer raised by trying then). None: nothing
+    #: Capacity learned when the engine reports none: the most requests seen running at once,
+    #: raised a slot a round while requests wait and the engine has no queue, set to Running
+    #: when the engine queues with KV blocks to spare (then no longer raised). None: nothing
     #: learned yet. ``capacity_seen_queue``: the engine has queued so.
     learned_capacity: int | None = None
     capacity_seen_queue: bool = False
     capacity_seen_max: int = 0  # the most requests the engine was seen running at once
     queue_rounds: int = 0  # consecutive rounds the engine reported a queue
     pressed: bool = False  # a request came while it had no free slot, since the last round
-    #: Uncached prompt tokens Pharos sent it since the last round: KV the engine's last
-    #: reported usage does not show yet.
+    #: Uncached prompt tokens sent since the last round: KV its reported usage lacks yet.
     kv_sent_tokens: int = 0
     #: Uncached prompt tokens of Pharos's requests on it still without a first byte: an
     #: engine's usage holds none of a prompt still queued there and only the chunks computed
@@ -144,13 +140,11 @@ class Target:
     #: next decision rebuilds the candidate and keeps the view.
     stamp: ClassVar[int] = 0
     view_stamp: ClassVar[int] = 0
-    #: Fields ``view_of`` and ``view_expires`` read (a test checks that writing any other
-    #: leaves a fresh view equal to the kept one).
+    #: Fields ``view_of`` and ``view_expires`` read (a test checks the others do not matter).
     VIEWED: ClassVar[frozenset[str]] = frozenset({
         "id", "backend", "model", "served", "loaded_reply_at", "last_release_at"})
     #: Fields neither ``view_of`` nor ``Scheduler.candidate`` reads, written without a new
-    #: stamp (``pressed`` is set on every full candidate of every decision). A test checks
-    #: that writing any of them leaves a fresh candidate equal to the cached one.
+    #: stamp (``pressed`` is set on every candidate of every decision). A test checks them.
     QUIET: ClassVar[frozenset[str]] = frozenset({
         "pressed", "unstarted", "last_first_byte_at", "capacity_seen_max", "quiet_rounds",
         "gen", "kv_unstarted_tokens", "kv_round", "pace_until",
@@ -277,8 +271,7 @@ def edge(anchor: float, span: float) -> float:
 def view_expires(target: Target, now: float, load_interval: float,
                  full_interval: float) -> float:
     """When the target's view as of ``now`` may next change by time alone: the first of its
-    fresh rounds to go stale (``view_of``'s freshness tests; a stale one stays stale until the
-    next round is written). ``inf``: not until something is written."""
+    fresh rounds to go stale. ``inf``: not until something is written."""
     b = target.backend
     out = math.inf
     full_at, load_at = b.full_at, b.load_at
@@ -302,8 +295,8 @@ _LOG_FIELDS: tuple[Signal, ...] = (Signal.RUNNING, Signal.WAITING, Signal.CAPACI
 
 
 def with_log(view: View, log: Snapshot, model: str) -> View:
-    """The view with the log feed's values where no scraped probe knows the signal (spec
-    §5); ``from_log`` names the signals filled so."""
+    """The view with the log feed's values where no scraped probe knows the signal;
+    ``from_log`` names the signals filled so."""
     filled: dict[str, object] = {}
     if view.residency is Residency.UNKNOWN and log.residency:
         state = log.residency.get(model, Residency.UNKNOWN)

@@ -1,4 +1,4 @@
-"""The state service: one scraper per backend, targets registered on first sight (spec §5)."""
+"""The state service: one scraper per backend, targets registered on first sight."""
 
 from __future__ import annotations
 
@@ -34,26 +34,22 @@ from pharos.state.stats import Sample, adopt, export_stats, learn, parse_stats
 
 log = Logger()
 
-#: Load probes every second, the whole plan every fifth round (spec §5).
+#: Load probes every second, the whole plan every fifth round.
 LOAD_INTERVAL = 1.0
 FULL_EVERY = 5
 #: The plan is resolved again this often even when nothing changed.
 RESOLVE_EVERY = 600.0
 #: Removed backends whose state is kept for their return (docker restart).
 KEEP_REMOVED = 32
-#: Consecutive failed rounds before a backend counts as down (ejected, its requests without a
-#: first byte moved): one slow scrape of a busy engine (vLLM's /metrics past the fetch timeout
-#: on a loaded 2-core machine, seen in the live tests) is not a hang.
+#: Consecutive failed rounds before a backend counts as down (ejected): one slow scrape of a
+#: busy engine (vLLM's /metrics past the fetch timeout on a loaded machine) is not a hang.
 DOWN_AFTER_FAILED_ROUNDS = 2
 #: A backend whose replies delivered bytes within this many load intervals is serving, however
-#: its scrapes fare: vLLM on a loaded 2-core machine answered 16 streams while its /metrics and
-#: /v1/models took past the fetch timeout, and Pharos ejected it and answered new requests 503
-#: "no backend up" (the live capacity test).
+#: its scrapes fare: a loaded vLLM answers streams while its /metrics times out.
 REPLYING_INTERVALS = 3
 #: Round spacing varies by up to this fraction, so backends do not scrape in step.
 JITTER = 0.1
-#: Restored stats kept for targets not seen yet (a snapshot names at most every target of its
-#: fleet; the oldest go first past this).
+#: Restored stats kept for targets not seen yet; the oldest go first past this.
 MAX_PENDING_STATS = 4096
 
 
@@ -83,11 +79,9 @@ class State:
         self.full_interval = load_interval * full_every
         self.fetch_timeout = fetch_timeout
         self.on_round = on_round
-        #: Told when a backend stops answering (a failed round, a refused connection), so
-        #: requests waiting on it go elsewhere.
+        #: Told when a backend stops answering, so requests waiting on it go elsewhere.
         self.on_down = on_down
-        #: Told of each background decision (spec §13 ``resolve``, ``scrape``,
-        #: ``generation``) as (backend, stage, outcome): metrics count them.
+        #: Told of each background decision as (backend, stage, outcome): metrics count them.
         self.on_decision = on_decision
         if fetcher_for is None:
             assert client is not None, "a client or a fetcher factory"
@@ -97,8 +91,7 @@ class State:
                 return HTTPFetcher(spec.url, http, clock, timeout=fetch_timeout)
 
         self.fetcher_for = fetcher_for
-        #: A backend's log feed from its spec (``logs:``); Docker discovery passes one that
-        #: also reads ``docker://`` containers.
+        #: A backend's log feed from its spec (Docker discovery adds ``docker://``).
         self.log_feed_for = log_feed_for if log_feed_for is not None else default_feeds(clock)
         self.service = MultiService()
         self.backends: dict[str, BackendState] = {}
@@ -142,10 +135,9 @@ class State:
             self._check_ready()
 
     def _respec(self, b: BackendState, spec: BackendSpec) -> None:
-        """A changed spec (own probes, kind, aliases, capacity: a reload) is resolved again by
-        a new scraper; the backend keeps its targets, stats and requests in flight, and serves
-        on its last round until the new plan's first round replaces it (removing it would
-        leave its models unserved until then)."""
+        """A changed spec (a reload) is resolved again by a new scraper; the backend keeps its
+        targets, stats and requests in flight, and serves on its last round until the new
+        plan's first round (removing it would leave its models unserved until then)."""
         b.spec = spec
         self._scrapers.pop(b.url).disownServiceParent()
         scraper = Scraper(self, b)
@@ -176,11 +168,9 @@ class State:
             self.on_down(backend, why)
 
     def is_up(self, b: BackendState, now: float | None = None) -> bool:
-        """Up while its last full round is fresh, and it is not ejected or removed. Fresh in
-        time, or in rounds (no more than ``STALE_AFTER_INTERVALS`` full rounds' worth of
-        rounds since: a reactor held for seconds by a burst of clients ran no round, which
-        says nothing of the engine; failed rounds eject it), or while its replies flow
-        (``replying``)."""
+        """Up while its last full round is fresh and it is not ejected or removed. Fresh in
+        time, or in rounds (a reactor held for seconds ran no round, which says nothing of the
+        engine), or while its replies flow (``replying``)."""
         now = self.clock.seconds() if now is None else now
         return (not b.ejected and not b.removed and b.full_at is not None
                 and (now - b.full_at <= STALE_AFTER_INTERVALS * self.full_interval
@@ -296,11 +286,9 @@ class State:
         return out
 
     def view(self, target: Target) -> View:
-        """The target's signals as of now (stale ones unknown). The view is kept and served
-        again while the target and its backend have had no write it reads (their stamps),
-        ``replied_at`` is as it was if the view's ``up`` read it, the clock has not gone
-        back, and no fresh round has gone stale since (``view_expires``, ``up_expires``):
-        exactly as long as a fresh view would be equal to it."""
+        """The target's signals as of now (stale ones unknown). The view is kept exactly as
+        long as a fresh view would equal it: no write it reads (stamps), ``replied_at`` as it
+        was if ``up`` read it, the clock not gone back, no round gone stale since."""
         return self.view_at(target, self.clock.seconds())
 
     def view_at(self, target: Target, now: float) -> View:
@@ -319,8 +307,7 @@ class State:
 
     def kept_view(self, target: Target) -> CachedView | None:
         """The target's kept view with what it is current for (``view_at``'s entry), for a
-        caller that keeps what it builds from the view and tests the entry as ``view_at``
-        does (the scheduler's kept candidates)."""
+        caller that keeps what it builds from it (the scheduler's candidates)."""
         return self._views.get(target)
 
     # --- feedback ------------------------------------------------------------------------
@@ -334,7 +321,7 @@ class State:
         if sample.ok and not sample.control:
             target.loaded_reply_at = now
 
-    # --- replication (spec §12 Stats: snapshot only) ----------------------------------------
+    # --- replication (stats: snapshot only) ------------------------------------------------
 
     def export_stats(self) -> list[dict[str, object]]:
         """Every target's estimates that are known (this process's own or restored), by target
@@ -347,10 +334,9 @@ class State:
         return out
 
     def merge_stats(self, rows: Iterable[Mapping[str, object]]) -> tuple[int, int]:
-        """Take a snapshot's estimates for the estimates with no local sample; rows for targets
-        not seen yet are kept (up to ``MAX_PENDING_STATS``) and taken when the target is
-        registered. All or nothing: a malformed row raises ``ValueError`` before any is taken.
-        Returns (rows taken now, rows kept for later)."""
+        """Take a snapshot's estimates where there is no local sample; rows for unseen targets
+        wait for them (up to ``MAX_PENDING_STATS``). All or nothing (``ValueError``). Returns
+        (rows taken now, rows kept for later)."""
         parsed: list[tuple[str, dict[str, float | None]]] = []
         for raw in rows:
             key = raw.get("target")
@@ -381,8 +367,7 @@ class State:
         if full:
             self._bump_generations(b, b.full, snap)
             b.full, b.full_at, b.full_round = snap, now, b.rounds
-            # Each target serves the name this engine listed (several engine names may be
-            # one client name: the fleet's aliases, ``pharos.models``).
+            # Each target serves the name the engine listed (aliases map several to one).
             for served in listed or ():
                 self.target(b, aliases.get(served, served), served)
         b.load, b.load_at = snap, now
@@ -420,9 +405,8 @@ _CachedUp = tuple[int, float, float, tuple[Target, ...]]
 
 class Scraper(MultiService):
     """One backend's rounds: resolve, then load rounds every interval and a full round every
-    ``full_every``; a random start offset spreads backends; a failure is recorded and the
-    loop carries on. Its child, the ``LogFollower``, runs while the plan has active log
-    probes."""
+    ``full_every``, from a random offset; a failure is recorded and the loop carries on. Its
+    child, the ``LogFollower``, runs while the plan has active log probes."""
 
     def __init__(self, state: State, backend: BackendState) -> None:
         super().__init__()
@@ -448,7 +432,7 @@ class Scraper(MultiService):
         return stopped
 
     def _follow_logs(self) -> None:
-        """Run the log follower while the plan has active log probes (spec §5)."""
+        """Run the log follower while the plan has active log probes."""
         plan = self.backend.plan
         wanted = self.log_feed is not None and plan is not None and bool(plan.log_probes)
         if wanted and self.follower is None and self.log_feed is not None:

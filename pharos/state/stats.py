@@ -1,5 +1,4 @@
-"""Speed estimates learned from request feedback (spec §5 Stats): EWMAs that are unknown
-until their first sample, never 0."""
+"""Speed estimates learned from request feedback: EWMAs unknown until a sample, never 0."""
 
 from __future__ import annotations
 
@@ -59,11 +58,8 @@ class Sample:
 
 
 def learn(stats: TargetStats, s: Sample) -> bool:
-    """Update the EWMAs from one request by the §5 sampling rules.
-
-    Returns whether the dispatch really paid a load (a cold dispatch whose engine-reported
-    load took under 10 ms loaded nothing and counts as warm).
-    """
+    """Update the EWMAs from one request by the sampling rules. Returns whether the dispatch
+    really paid a load (an engine-reported load under 10 ms loaded nothing: warm)."""
     if not s.ok or s.control:
         return False
     cold = s.dispatched_cold
@@ -89,17 +85,13 @@ def learn(stats: TargetStats, s: Sample) -> bool:
 
 
 def load_sample(stats: TargetStats, s: Sample) -> float | None:
-    """The load time a successful cold dispatch measured, None when it measured none (a warm
-    one, a control request, an engine-reported load under ``MIN_REAL_LOAD_SEC``).
+    """The load time a successful cold dispatch measured, None when it measured none.
 
     The engine's own figure when it reports one (Ollama's ``load_duration`` on the native
-    API). Otherwise (``/v1`` reports none) its time to first byte less what else was in it:
-    the prefills the engine computed ahead of it (``prefill_window_sec`` starts at the
-    previous first byte on the target when that came later than the dispatch) and its own
-    prefill (the engine's ``prompt_eval_sec``, else its uncached tokens at the target's
-    learned speed; with neither, nothing is taken off and the load is over-counted by the
-    prefill, never under-counted). At least ``MIN_REAL_LOAD_SEC``: a remainder below it is
-    noise in a load that was paid (the dispatch was cold)."""
+    API). Otherwise (``/v1`` reports none) its time to first byte less the prefills computed
+    ahead of it (``prefill_window_sec``) and its own prefill (``prompt_eval_sec``, else its
+    uncached tokens at the learned speed; with neither, the load is over-counted, never
+    under-counted). At least ``MIN_REAL_LOAD_SEC``: the dispatch was cold, so it paid one."""
     if not s.ok or s.control or not s.dispatched_cold:
         return None
     if s.load_sec is not None:
@@ -117,7 +109,7 @@ def load_sample(stats: TargetStats, s: Sample) -> float | None:
     return max(MIN_REAL_LOAD_SEC, seen - (prefill or 0.0))
 
 
-#: The estimates a snapshot carries (spec §12 ``Stats``), by their field names on the wire.
+#: The estimates a snapshot carries, by their field names on the wire.
 STAT_FIELDS = ("prefill_sec_per_token", "load_sec", "service_sec")
 
 
@@ -141,10 +133,9 @@ def parse_stats(raw: Mapping[str, object]) -> dict[str, float | None]:
 
 
 def adopt(stats: TargetStats, values: Mapping[str, float | None]) -> bool:
-    """Take restored estimates where this process has no sample of its own (spec §12: stats
-    are used only for targets with no local samples). The adopted value counts no sample, so
-    the first local one moves it by ``ALPHA`` and a later snapshot may still replace it.
-    Returns whether anything was taken."""
+    """Take restored estimates where this process has no sample of its own. The adopted
+    value counts no sample, so the first local one moves it by ``ALPHA`` and a later
+    snapshot may still replace it. Returns whether anything was taken."""
     took = False
     for name in STAT_FIELDS:
         value = values.get(name)
