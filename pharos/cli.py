@@ -140,14 +140,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return main_report(args.rest)
     if args.what == "pick":
-        from pharos.sim.bench import main_pick
+        from pharos.bench.pick import main_pick
 
         return main_pick(args.rest)
     if args.what == "memory":
         from pharos.bench.memory import main_memory
 
         return main_memory(args.rest)
-    from pharos.sim.overhead import main_overhead
+    from pharos.bench.overhead import main_overhead
 
     return main_overhead(args.rest)
 

@@ -46,8 +46,8 @@ from pharos.bench.floor import (
     request_bytes,
     rss_mb,
 )
+from pharos.bench.pick import machine
 from pharos.config import DEFAULT_IDLE, DEFAULT_REQUEST_BODY, DEFAULT_REQUEST_HEADERS
-from pharos.sim.bench import machine
 
 
 def _raise_fd_limit(need: int) -> None:

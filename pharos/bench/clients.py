@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from pharos.sim.workloads import Request, generate
+from pharos.bench.workloads import Request, generate
 
 #: The prefix of every benchmark key's secret.
 SECRET_PREFIX = "pharos-bench-"

@@ -47,10 +47,10 @@ from pharos.bench.run import (
     workload_args,
 )
 from pharos.bench.summary import Slo
+from pharos.bench.workloads import Request, multi_model
 from pharos.config import POLICIES
 from pharos.engine.library import OLLAMA
 from pharos.sim.double import KINDS
-from pharos.sim.workloads import Request, multi_model
 
 #: Every policy ``compare`` can run: Pharos's own (baselines included), then the harness's
 #: dispatch baselines that Pharos has no policy for.

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pharos.sim.bench import machine, percentile
+from pharos.bench.pick import machine, percentile
 
 ROUTERS = ("web", "web-agent", "klein-treq", "pharos")
 #: Seconds with no request over which each process's background CPU is measured (``_net``

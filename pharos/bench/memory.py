@@ -23,8 +23,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+from pharos.bench.pick import machine
 from pharos.prefix import DEFAULT_CAPACITY, PrefixIndex, chain
-from pharos.sim.bench import machine
 
 #: System prompts shared by the conversations.
 ROOTS = 64

@@ -36,8 +36,8 @@ from pharos.bench.records import (
     RequestRecord,
 )
 from pharos.bench.stream import StreamReader
+from pharos.bench.workloads import Request
 from pharos.engine.fetch import make_client
-from pharos.sim.workloads import Request
 
 #: Where every request goes.
 CHAT_PATH = "/v1/chat/completions"

@@ -6,7 +6,7 @@ loads a cold model after unloading the least recently used idle ones, or the lla
 one that holds one model and swaps in arrival order), its status bodies rendered by the
 double's own flavor (``/api/ps``, ``/api/tags``, ``/running``), and Pharos's real ``State`` and
 ``Scheduler`` polling and routing them, everything on one ``twisted.internet.task.Clock``
-(as ``pharos.sim.swaps.run_swaps`` does). The same seed gives the same run on any machine,
+(as ``pharos.bench.swaps.run_swaps`` does). The same seed gives the same run on any machine,
 however loaded, and 1,000 requests at 1.2 req/s take seconds instead of 14 minutes.
 
 Each request of the ``multi-model`` workload (Zipf model popularity) arrives at its time,
@@ -47,6 +47,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
+from pharos.bench.workloads import Request, multi_model
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.engine.library import LLAMASWAP, OLLAMA
@@ -64,7 +65,6 @@ from pharos.sim.model import (
     Job,
 )
 from pharos.sim.slots import SlotModel
-from pharos.sim.workloads import Request, multi_model
 from pharos.state.state import State
 from pharos.state.stats import Sample
 

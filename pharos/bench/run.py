@@ -25,7 +25,7 @@ from pharos.bench.openloop import DEFAULT_TIMEOUT, DISPATCH, OpenLoop
 from pharos.bench.progress import Progress
 from pharos.bench.result import environment, result_document, write_result
 from pharos.bench.summary import DEFAULT_SLO_TPOT, DEFAULT_SLO_TTFT, Slo, summarize
-from pharos.sim.workloads import WORKLOADS, Request, generate
+from pharos.bench.workloads import WORKLOADS, Request, generate
 
 
 @dataclass(frozen=True)

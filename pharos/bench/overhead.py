@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pharos.bench.floor import ROUTERS, bench_floor, print_floor
-from pharos.sim.bench import machine, percentile
+from pharos.bench.pick import machine, percentile
 
 
 def _free_port() -> int:
