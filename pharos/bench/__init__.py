@@ -1,4 +1,4 @@
-"""The open-loop benchmark harness (spec §14 layer 5): ``pharos bench run`` sends a seeded
+"""The open-loop benchmark harness: ``pharos bench run`` sends a seeded
 workload at its scheduled times, ``compare`` runs every policy on fresh simulated fleets, and
 ``report`` turns result files alone into tables and charts.
 

@@ -1,22 +1,18 @@
-"""``pharos bench overhead --bad-input``: Pharos under the issue's bad input (issue 16, "Bad
-input"), reported, never asserted.
+"""``pharos bench overhead --bad-input``: Pharos under slow and idle clients, reported, never
+asserted.
 
-Pharos (``twistd pharos``, its default timeouts unless ``--idle`` or ``--request-body`` is
-given) in front of the floor's vLLM double, Pharos pinned to core 0 and the engine and this
-process (the clients) to core 1 as in ``--floor``. Two phases after a baseline of one fast
-client's chat latency:
+Pharos (default timeouts unless ``--idle`` or ``--request-body``) in front of the floor's vLLM
+double, pinned as in ``--floor``. After a baseline of one fast client's chat latency:
 
-1. ``slow``: 1,000 connections whose request heads arrive whole and whose bodies then come a
-   byte a second, and one connection sending its head a byte a second, for ``--slow-seconds``.
-   Reported: the header trickler's status and when it came (``timeouts.request_headers``), how
-   many body tricklers Pharos had cut (it cuts them at ``timeouts.request_body``), Pharos's
-   RSS, and the fast client's latency meanwhile.
-2. ``idle``: 10,000 keep-alive connections, 2,000 of them after one chat and the rest never
-   sending a byte; Pharos's RSS with all of them open, the fast client's latency while they
-   are held, then how many Pharos closed, and when, once ``timeouts.idle`` passed.
+1. ``slow``: 1,000 connections whose bodies come a byte a second after whole heads, and one
+   sending its head a byte a second. Reported: the header trickler's status and when it came
+   (``timeouts.request_headers``), how many body tricklers Pharos cut
+   (``timeouts.request_body``), Pharos's RSS, and the fast client's latency meanwhile.
+2. ``idle``: 10,000 keep-alive connections, 2,000 after one chat and the rest silent; Pharos's
+   RSS with all open, the fast client's latency while they are held, then how many Pharos
+   closed, and when, once ``timeouts.idle`` passed.
 
-The fast client is one keep-alive connection sending the floor's tiny chat one after another;
-its p50/p99 during a phase against the baseline is "other clients unaffected".
+The fast client's p50/p99 during a phase against the baseline is "other clients unaffected".
 """
 
 from __future__ import annotations

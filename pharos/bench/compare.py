@@ -1,12 +1,10 @@
 """``pharos bench compare``: every policy on the same requests, each run on a fresh fleet.
 
-For each rate, each seed (a repetition with its own workload) and each policy, innermost so
-that any drift of the machine over a long comparison falls on every policy alike: fresh engine
-doubles, and for a Pharos policy a fresh Pharos in front of them, then the same requests at the
-same times (one workload per rate and seed), the warm-up discarded, everything stopped, one
-result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The baselines
-``round-robin``, ``random``, ``p2c`` and ``prefix-hash`` are Pharos policies (issue 17): they
-go through Pharos like ``cost`` (same admission, fair queue, retries and overhead), so a
+For each rate, each seed and each policy (innermost, so machine drift falls on every policy
+alike): fresh engine doubles, for a Pharos policy a fresh Pharos in front, then the same
+requests at the same times, the warm-up discarded, one result file per run at
+``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The baselines ``round-robin``, ``random``,
+``p2c`` and ``prefix-hash`` are Pharos policies: they go through Pharos like ``cost``, so a
 comparison differs in the decision alone. Only the peer baseline ``prefix-aware``
 (production-stack's router) is the harness dispatching straight to the engines.
 Medians over seeds are the report's business.

@@ -1,4 +1,4 @@
-"""``pharos bench pick``: the routing decision's time (spec §15), reported, never asserted."""
+"""``pharos bench pick``: the routing decision's time, reported, never asserted."""
 
 from __future__ import annotations
 

@@ -1,33 +1,23 @@
-"""``pharos bench placement``: model placement on simulated multi-model fleets (issue 15 item 5).
+"""``pharos bench placement``: model placement on simulated multi-model fleets.
 
-Virtual time, not loopback: each host is a simulated engine's behaviour model
-(``pharos.sim.double.EngineDouble`` without its sockets: the Ollama-like ``SlotModel`` that
-loads a cold model after unloading the least recently used idle ones, or the llama-swap-like
-one that holds one model and swaps in arrival order), its status bodies rendered by the
-double's own flavor (``/api/ps``, ``/api/tags``, ``/running``), and Pharos's real ``State`` and
-``Scheduler`` polling and routing them, everything on one ``twisted.internet.task.Clock``
-(as ``pharos.bench.swaps.run_swaps`` does). The same seed gives the same run on any machine,
-however loaded, and 1,000 requests at 1.2 req/s take seconds instead of 14 minutes.
+Virtual time, not loopback: each host is an engine double's behaviour model without its
+sockets (the Ollama-like ``SlotModel`` unloading the least recently used idle models, or the
+llama-swap-like one swapping in arrival order), its status bodies rendered by the double's
+flavor, and Pharos's real ``State`` and ``Scheduler`` polling and routing them, all on one
+``Clock``. The same seed gives the same run on any machine, however loaded.
 
-Each request of the ``multi-model`` workload (Zipf model popularity) arrives at its time,
-asks the scheduler for a lease (one fair-queue key: arrival order), is submitted to the
-leased host's engine model, tells the lease its first byte at its first token and releases
-it at its end with the sample the proxy would build (TTFT, duration, the engine's prefill and
-Ollama's ``load_duration``; llama-swap's ``/v1`` reports no load time). TTFT is from the
-request's arrival to its first token (Pharos's own overhead is not in virtual time).
+Each ``multi-model`` request (Zipf model popularity) arrives at its time, takes a lease (one
+fair-queue key: arrival order), is submitted to the leased host's model, and releases the
+lease at its end with the sample the proxy would build. TTFT is from arrival to first token.
 
-Policies: ``cost`` (Pharos, placement on), the Pharos baseline policies ``random`` and
-``round-robin`` (same admission and fair queue, the decision alone differs), and
-``loaded-first``, NOMYO router's rule, dispatched by the harness straight to the engines (no
-router queue; the engines queue): a host with the model loaded and fewer of its requests in
-flight than its slots, the least busy of them, else the least busy host (ties by the seed).
-It reads each engine's residency as it is (NOMYO polls ``/api/ps``; reading it exactly only
-helps it). It is the harness's because Pharos has no such policy (``pharos.policy``'s
-baselines read no residency).
+Policies: ``cost`` (placement on), the baselines ``random`` and ``round-robin`` (same
+admission and queue, only the decision differs), and ``loaded-first``, NOMYO router's rule,
+dispatched by the harness straight to the engines: the least busy host with the model loaded
+and a free slot, else the least busy host. It reads residency exactly (NOMYO polls
+``/api/ps``; exactness only helps it); it lives here because Pharos has no such policy.
 
-Counted per run: requests served, cold loads (every load the engines started, swaps
-included), TTFT percentiles overall and per model, and every ``SAMPLE_SEC`` the hosts each
-model is loaded on (the chart). ``report`` turns the runs into the goals table.
+Counted per run: requests served, cold loads (swaps included), TTFT percentiles overall and
+per model, and every ``SAMPLE_SEC`` the hosts each model is loaded on.
 """
 
 from __future__ import annotations

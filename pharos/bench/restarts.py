@@ -1,15 +1,13 @@
-"""Several Pharos instances in one run, and restarting one of them mid-run (issue 13 item 7).
+"""Several Pharos instances in one run, and restarting one of them mid-run.
 
 With ``--instances N`` the harness is the round-robin load balancer in front of N instances;
-with ``--restart K@T`` instance K gets SIGTERM T seconds into the run, is waited for, and is
-started again with the same config (its peers, its state file). While an instance is down the
-harness behaves like a load balancer: a ``HealthWatch`` polls every instance's ``/healthz`` and
-a request whose round-robin turn falls on an instance that answers 503 or refuses the
-connection goes to the next one that is up (``pharos.bench.openloop.next_available``).
+with ``--restart K@T`` instance K gets SIGTERM T seconds in, is waited for and started again
+with the same config. Meanwhile a ``HealthWatch`` polls every ``/healthz`` and a request whose
+turn falls on an instance that is down goes to the next one up (``next_available``).
 
-How fast a restarted instance routes well again is read from the records alone
-(``restart_summary``): its hit rate over its first probe interval after ``/healthz`` answered
-200 again, against its own hit rate before the restart.
+``restart_summary`` reads from the records alone how fast a restarted instance routes well
+again: its hit rate over its first probe interval after ``/healthz`` answered 200, against
+its own hit rate before.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from pharos.bench.records import RequestRecord
 from pharos.bench.summary import hit_rate
 from pharos.periodic import Periodic
 
-#: Seconds of one probe interval: a full scrape round (spec §4, every 5 s), the window over
+#: Seconds of one probe interval: a full scrape round (every 5 s), the window over
 #: which a restarted instance's hit rate is measured once it is back.
 PROBE_INTERVAL: Final = 5.0
 #: Seconds between two health polls of one instance.

@@ -719,8 +719,8 @@ WORKLOADS: dict[str, Callable[..., list[Request]]] = {
 #: first ``start_requests`` requests all at once, at 0; ``serial``: they come one at a time,
 #: ``start_gap`` seconds apart (each alone on the fleet), and the rest follow, shifted by that.
 #: Cache-aware routers are path dependent: where the first requests of each prompt land
-#: decides what every cache holds later (issue 10: peers pin every prompt on one engine when
-#: traffic starts one request at a time).
+#: decides what every cache holds later (peers pin every prompt on one engine when traffic
+#: starts one request at a time).
 STARTS = ("open", "burst", "serial")
 #: Requests ``burst`` and ``serial`` re-time, and ``serial``'s gap, seconds.
 START_REQUESTS = 16

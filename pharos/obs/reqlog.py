@@ -1,4 +1,4 @@
-"""The debug request line (spec §13 Logs, issue 12 item 5): one log event per finished
+"""The debug request line: one log event per finished
 request, at debug level, on with ``twistd pharos --log-level debug``.
 
 The line carries the request id (the client's ``x-request-id`` when well formed), key, model,

@@ -1,4 +1,4 @@
-"""``/status``: one server-rendered page of what Pharos knows now (spec §13, issue 12 item 2).
+"""``/status``: one server-rendered page of what Pharos knows now.
 
 Each backend with its kind, version and resolved plan (the data ``pharos doctor`` shows), the
 age of its rounds, each target's residency, load signals (unknown shown as unknown, never 0),

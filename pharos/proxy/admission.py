@@ -1,4 +1,4 @@
-"""Admission and settling: the usage stage of the request path (spec §11, DESIGN §4).
+"""Admission and settling: the usage stage of the request path.
 
 Before a request is queued it reserves its estimated tokens against its key's and tenant's
 daily budgets, then counts against their requests-per-minute windows (in that order, so a

@@ -1,4 +1,4 @@
-"""Who is calling (spec §10 keys): the presented API key becomes an ``Identity``.
+"""Who is calling: the presented API key becomes an ``Identity``.
 
 Keys are stored only as the SHA-256 of the secret (``pharos keys new``); a request's key is
 hashed and looked up in a dict that a reload swaps whole (``Keyring`` is immutable), so a
@@ -8,7 +8,7 @@ right; the found entry's digest is compared again with ``hmac.compare_digest``.
 
 Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, the ollama client's headers) or
 ``x-api-key: KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is
-``anonymous`` and may do everything, as before keys existed.
+``anonymous`` and may do everything.
 """
 
 from __future__ import annotations

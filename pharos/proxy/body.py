@@ -1,4 +1,4 @@
-"""Request bodies bounded while they arrive (DESIGN §4 step 2).
+"""Request bodies bounded while they arrive.
 
 twisted.web reads the whole body before dispatch, spilling anything over 100 kB to a temporary
 file. Pharos keeps bodies in memory (no disk I/O on the hot path) and stops reading one at its
@@ -15,7 +15,7 @@ from twisted.web.server import Request
 
 from pharos.proxy.errors import is_ollama_path, too_large
 
-#: Default body limit (room for base64 images), spec §9.
+#: Default body limit (room for base64 images).
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 

@@ -1,12 +1,11 @@
-"""``/v1/responses`` conversation state on the request path (issue 17 item 6, seed 003).
+"""``/v1/responses`` conversation state on the request path.
 
 With ``responses.store`` on, a request naming ``previous_response_id`` has it expanded here,
 before admission and routing: the stored conversation's items (its input and its reply's
 output items) go in front of the request's ``input``, ``previous_response_id`` is removed, and
-the body is encoded again, so admission counts and the prefix index follows the whole
-conversation and an engine that keeps no state (llama.cpp refuses the field) serves the
-turn. ``instructions`` are not carried from turn to turn (OpenAI's rule): each
-request sends its own.
+the body is encoded again, so admission and the prefix index see the whole conversation and
+an engine that keeps no state (llama.cpp refuses the field) serves the turn.
+``instructions`` are not carried from turn to turn (OpenAI's rule).
 
 A request with ``store: true`` (explicitly: OpenAI's default of true is not assumed, so
 nothing is kept that the client did not ask to keep) is store-eligible: its reply passes

@@ -1,13 +1,13 @@
-"""A finished request as one immutable record (DESIGN §4 "finish"; spec §13).
+"""A finished request as one immutable record.
 
 The proxy builds one ``Done`` per data-plane request, whatever became of it (refused at
 admission, answered, failed, left), and hands it to every ``PublicAPI.on_done`` subscriber:
 the metrics, the usage journal, the debug request line, and the status page and live map as
 they come. Subscribers read it; none of them is imported by the proxy.
 
-``DECISIONS`` is the fixed table of spec §13's ``stage`` and ``outcome`` values (one truth:
-the metrics pre-declare every pair from it, and a test checks every value the request path
-records is in it). A new branch gets a row here in the same change.
+``DECISIONS`` is the fixed table of ``stage`` and ``outcome`` values (one truth: the metrics
+pre-declare every pair from it, and a test checks every value the request path records is in
+it). A new branch gets a row here in the same change.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ if TYPE_CHECKING:
     from pharos.proxy.exchange import Exchange
     from pharos.proxy.parse import Parsed
 
-#: Spec §13's decision table: every stage and its fixed outcomes. Request-path stages are
-#: recorded on ``Done.decisions``; ``resolve``, ``scrape`` and ``generation`` come from the
-#: state's background rounds (``State.on_decision``). ``upstream`` ``timed_out`` (no first
-#: byte within ``timeouts.first_byte``) and ``load`` ``victims_unloaded`` / ``unload_failed``
-#: (the idle models Pharos named for a cold load unloaded first, or not all of them:
-#: ``pharos.proxy.unload``) are Pharos's own additions to the spec's list.
+#: The decision table: every stage and its fixed outcomes. Request-path stages are recorded
+#: on ``Done.decisions``; ``resolve``, ``scrape`` and ``generation`` come from the state's
+#: background rounds (``State.on_decision``). ``upstream`` ``timed_out``: no first byte within
+#: ``timeouts.first_byte``; ``load`` ``victims_unloaded`` / ``unload_failed``: the idle models
+#: named for a cold load were unloaded first, or not all of them (``pharos.proxy.unload``).
 DECISIONS: Final[dict[str, tuple[str, ...]]] = {
     "admission": ("ok", "unauthorized", "bad_request", "too_large", "model_not_allowed",
                   "rate_limited", "quota_exceeded"),
@@ -159,7 +158,7 @@ class Done:
         return " ".join(f"{s}={o}" for s, o in self.decisions)
 
     def journal(self) -> dict[str, Any]:
-        """The usage journal's line (issue 11 item 5 keys, and the rest of the record)."""
+        """The usage journal's line: the key, tenant and counts, and the rest of the record."""
         return {
             "time": round(self.time, 3),
             "request_id": self.request_id,

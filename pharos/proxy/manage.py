@@ -1,5 +1,5 @@
-"""Ollama's model management through Pharos (issue 17 item 7): ``/api/pull``, ``/api/push``,
-``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest`` (HEAD, POST).
+"""Ollama's model management through Pharos: ``/api/pull``, ``/api/push``, ``/api/create``,
+``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest`` (HEAD, POST).
 
 An admin's request goes to one Ollama backend, past the scheduler (it takes no slot and is
 not routed by model): the backend named by the ``x-pharos-backend`` header (its URL as the

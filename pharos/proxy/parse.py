@@ -1,5 +1,5 @@
 """Reading a client's request body once: the model, the prompt's size, streaming, and the
-body to forward (spec §9 Parse)."""
+body to forward."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from pharos.models import rewrite_model
 from pharos.prefix import EMPTY, Chain, chain, unfollowed
 from pharos.proxy import errors
 
-#: Routes whose prompt the prefix index follows (spec §6): chat messages or a prompt string.
+#: Routes whose prompt the prefix index follows: chat messages or a prompt string.
 CHAINED = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
                      "/v1/messages"})
 
 #: JSON nested deeper than this is refused (400): no client needs it, and walking it would
-#: recurse as deep (950 levels was a RecursionError, a 500, before this bound).
+#: recurse as deep (a RecursionError, a 500, near 1,000 levels).
 MAX_DEPTH = 128
 
-#: Estimated tokens per byte of decoded prompt text (the spec's assumption: 4 bytes a token,
-#: measured 2.8-6.2 across languages and code).
+#: Bytes of decoded prompt text per estimated token (real tokenizers: 2.8-6.2 across
+#: languages and code).
 BYTES_PER_TOKEN = 4
 
 

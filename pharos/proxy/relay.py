@@ -1,5 +1,5 @@
 """The engine leg: send a request with treq and relay its reply through the tap with
-backpressure both ways (DESIGN §4 steps 5-7, TWISTED.md B.2)."""
+backpressure both ways."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request bodies piped to an engine as they arrive, for model management (issue 17 item 7).
+"""Request bodies piped to an engine as they arrive, for model management.
 
 twisted.web reads a request's whole body before it runs the route; a multi-GB blob upload
 (``POST /api/blobs/sha256:...``) must instead reach the engine as it arrives, holding bounded

@@ -1,5 +1,4 @@
-"""The stream tap: a line scanner over an engine's reply body on its way to the client (spec §9
-"Tap" and "Usage on every stream").
+"""The stream tap: a line scanner over an engine's reply body on its way to the client.
 
 The relay hands every upstream chunk to ``StreamTap.feed`` and writes what it returns; at the
 end of the body it writes ``StreamTap.finish()`` and reads ``StreamTap.usage``. The tap

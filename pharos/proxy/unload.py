@@ -1,4 +1,4 @@
-"""Unloading the models a cold load pushes out, before it is sent (issue 15 item 1).
+"""Unloading the models a cold load pushes out, before it is sent.
 
 An Ollama host that needs room for a model takes the idle one with the shortest keep-alive,
 then the lowest model path (server/sched.go ``findRunnerToUnload``): an order that has nothing

@@ -69,8 +69,8 @@ from pharos.sim.model import (
 )
 from pharos.sim.prompt import BYTES_PER_TOKEN
 
-#: The vLLM double's knobs where its caller sets none. Not in the ledger: assumed, the related
-#: system's simulator defaults for vLLM (8B model, 24 GB GPU, 4096 blocks of 16 tokens).
+#: The vLLM double's knobs where its caller sets none. Assumed, as the related system's
+#: simulator defaults for vLLM (8B model, 24 GB GPU, 4096 blocks of 16 tokens).
 VLLM_KNOBS: Mapping[str, float | int] = MappingProxyType({
     "prefill_s": 100e-6,
     "prefill_pair_s": 3.3e-9,

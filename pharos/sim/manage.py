@@ -1,5 +1,5 @@
-"""Ollama's model management in the engine double (issue 17 item 7): ``/api/pull``,
-``/api/push``, ``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest``.
+"""Ollama's model management in the engine double: ``/api/pull``, ``/api/push``,
+``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest``.
 
 Shapes as Ollama's server writes them (``server/routes.go``): pull, push and create stream
 ``application/x-ndjson`` progress lines (``{"status": "pulling manifest"}``, ``{"status":

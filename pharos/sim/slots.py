@@ -1,17 +1,17 @@
-"""The slot model: how llama.cpp's server and Ollama's runners run requests (spec §14 layer 3).
+"""The slot model: how llama.cpp's server and Ollama's runners run requests.
 
 Slots. Each model has ``slots`` of them (llama.cpp's ``--parallel``, Ollama's
 ``OLLAMA_NUM_PARALLEL``), and each slot caches on its own: it keeps the 16-token blocks of
 the last prompt and reply it served, up to its context (``cache_tokens // slots``, as
-llama.cpp splits ``-c`` among its slots). The ledger measured this on both engines: a request
-sent beside one holding its prefix prefilled it in full. A request takes the *free* slot
+llama.cpp splits ``-c`` among its slots): on both engines a request sent beside one holding
+its prefix prefills it in full. A request takes the *free* slot
 whose cache shares the longest prefix with its prompt (the lowest id on a tie); when none
 shares any, the least recently used free slot (the highest id on a tie: llama.cpp's
 ``get_available_slot`` compares with ``<=``, and the b11312 prefix capture shows its first
 request in slot 1). Its cached tokens are that common prefix, at most the prompt less one
 token (an engine always computes the last). Not modelled: llama.cpp's 10 % similarity
 threshold (``--slot-prompt-similarity``) and host-memory prompt cache (``--cache-ram``), and
-Ollama's copying of a prefix from another slot; assumed, as the ledger says of slot choice.
+Ollama's copying of a prefix from another slot; slot choice is assumed.
 
 Steps. A model's slots run together as llama.cpp's batch (Ollama runs one runner per model,
 so each model steps on its own). One step computes, for each occupied slot in id order, its
@@ -194,7 +194,7 @@ class SlotModel(ModelCore):
         self.slot_blocks = self.knobs.cache_tokens // slots // BLOCK_TOKENS
         self._held_at = 0.0
         #: Loads started (a cold model brought in; on a one-model host, a swap after the
-        #: first): what placement tries to make rare (issue 15).
+        #: first): what placement tries to make rare.
         self.loads = 0
         self._models = {name: _Model(name, size, slots, self.knobs)
                         for name, size in models.items()}
