@@ -1,10 +1,8 @@
 """A fresh simulated fleet for one comparison run: ``engines`` engine doubles, each its own
-``pharos sim-engine`` process (as real engines are separate processes; see contrib/bench's
-README for the measurement behind this choice), and, for a Pharos policy, a fresh Pharos
-(twistd) with a generated config naming that policy, answering ``/healthz`` 200 before the run;
-or several instances of it, peers of each other when asked (a secret file and every instance
-listed in ``peers.members``), each with a state file when asked, any of which can be restarted
-mid-run (``Fleet.restart``).
+``pharos sim-engine`` process (as real engines are separate processes), and, for a Pharos
+policy, a fresh Pharos with a generated config naming that policy, answering ``/healthz`` 200
+before the run; or several instances, peers of each other when asked, each with a state file
+when asked, any of which can be restarted mid-run (``Fleet.restart``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""Sending a workload open loop: every request at its scheduled time, whatever the earlier ones
-are doing, so a server that falls behind cannot slow the offered load down, and timing every
-request from its *scheduled* time, so neither a queue at the server nor a late send by the
-harness itself can hide (no coordinated omission).
+"""Sending a workload open loop: every request at its scheduled time whatever the earlier ones
+are doing, so a server that falls behind cannot slow the offered load, and timed from its
+*scheduled* time, so neither a queue at the server nor a late send can hide (no coordinated
+omission).
 
-Each request goes to ``/v1/chat/completions`` of one base URL: Pharos's, or, for the cache-blind
-baselines, one of several engines picked here, round robin or at random (seeded, decided before
-the run, so the same seed sends the same requests to the same engines). Every request is bounded:
-``timeout`` seconds after its scheduled time it is cancelled and recorded as a timeout, so a run
-ends by itself at most ``timeout`` after the last scheduled time. Failures become records
-(refused, disconnected, HTTP status), never exceptions.
+Each request goes to ``/v1/chat/completions`` of one base URL: Pharos's, or for the cache-blind
+baselines one of several engines picked here (seeded, before the run, so a seed sends the same
+requests to the same engines). ``timeout`` seconds after its scheduled time a request is
+cancelled and recorded as a timeout, so a run ends by itself. Failures become records, never
+exceptions.
 """
 
 from __future__ import annotations

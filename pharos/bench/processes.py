@@ -1,10 +1,9 @@
-"""Child processes of a comparison: engine doubles (``pharos sim-engine``) and Pharos (twistd),
-started on the reactor, waited for until they answer, and stopped with bounded waits.
+"""Child processes of a comparison: engine doubles and Pharos, started on the reactor, waited for
+until they answer, and stopped with bounded waits.
 
-Each child writes its stdout and stderr to a log file of its own. An engine double listens on
-a port the kernel picks and prints its URL (``... listening on http://...``); Pharos gets a free
-port chosen here. Stopping sends SIGTERM, then SIGKILL if the process has not ended within the
-grace time; only processes started here are ever signalled.
+Each child logs to a file of its own. An engine double listens on a port the kernel picks and
+prints its URL; Pharos gets a free port chosen here. Stopping sends SIGTERM, then SIGKILL after
+the grace time; only processes started here are ever signalled.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The statistics of one run, computed from its request records alone (so a report can
-recompute them from a result file).
+"""The statistics of one run, from its request records alone (so a report can recompute them).
 
-Requests scheduled inside the warm-up window were sent (the fleet saw them and their caches
-warmed) but are not counted. Rates divide by the measured window, ``duration - warmup``: the
-span over which the counted requests were offered, so goodput equals the offered rate when every
-request meets the SLO.
+Requests scheduled inside the warm-up were sent (caches warmed) but are not counted. Rates
+divide by ``duration - warmup``, the span the counted requests were offered over, so goodput
+equals the offered rate when every request meets the SLO.
 """
 
 from __future__ import annotations

@@ -1,23 +1,19 @@
 """Seeded open-loop workloads for the benchmark harness: W1-W4, W6, ``mix``, ``hot`` and
 ``multi-model``, with Poisson or Gamma arrivals.
 
-A workload is a list of ``Request``, sorted by ``at``: the time, in seconds from the start of the
-run, at which the harness sends the request to ``/v1/chat/completions`` (streamed, with a usage
-chunk). The harness is open loop: every request is sent at its time whatever the earlier ones are
-doing, so a server that falls behind cannot slow the offered load down.
+A workload is a list of ``Request`` sorted by ``at``, the second of the run at which the
+harness sends it to ``/v1/chat/completions`` (streamed, with a usage chunk), whatever the
+earlier ones are doing, so a server that falls behind cannot slow the offered load.
 
-Everything is deterministic: each generator draws from ``random.Random`` streams derived from its
-seed (one for the arrival times, one per request, session or document for the content), with no
-global state, so the same arguments give byte-identical requests. Texts are pseudo-words sized in
-tokens at the project's 4 bytes of text per token (``pharos.sim.prompt.BYTES_PER_TOKEN``): a
-2,000-token system prompt is exactly 8,000 bytes. Every generated text starts with its own
-8-hex-digit nonce, so two different texts differ from their first bytes while a shared text is the
-very same string wherever it is used.
+Everything is deterministic: each generator draws from ``random.Random`` streams derived from
+its seed (arrivals, and each request, session or document), with no global state, so the same
+arguments give byte-identical requests. Texts are pseudo-words sized at 4 bytes a token
+(``pharos.sim.prompt.BYTES_PER_TOKEN``), each led by its own 8-hex-digit nonce, so different
+texts differ from their first bytes while a shared text is the very same string.
 
-``rate`` is always the mean *request* rate in requests per second. The session workloads (W2, W3)
-start sessions at ``rate`` divided by their mean number of requests per session, so they reach
-``rate`` once sessions overlap (less in the first session length and at the end, where turns
-past ``duration`` are dropped).
+``rate`` is always the mean *request* rate per second. The session workloads (W2, W3) start
+sessions at ``rate`` over their mean requests per session, so they reach ``rate`` once
+sessions overlap (less early on and at the end, where turns past ``duration`` are dropped).
 """
 
 from __future__ import annotations
@@ -455,16 +451,13 @@ def w2_chat(
 ) -> list[Request]:
     """W2: multi-turn chats whose whole history is resent each turn.
 
-    Sessions (``w2-<n>``, also sent as ``x-session-id``) start at ``rate / mean turns`` so the
-    request rate approaches ``rate``. Each has ``turns`` turns; each turn appends a question, is
-    sent with ``max_tokens`` set to the length of the assistant reply that the next turn's history
-    then carries (50 to 400 tokens). A turn is scheduled at the previous turn's *send* time plus
-    a think time of ``min_think`` plus an exponential draw, ``think`` seconds on average in all.
-    The harness is open loop: the turn is sent at that time regardless of whether the previous
-    reply is done, and the history holds the generated reply text, not what the engine answered
-    (so turns of one session can overlap on a server that falls behind). With
-    ``system_tokens`` every session starts with the same system prompt of that size. Turns at or
-    past ``duration`` are dropped.
+    Sessions (``w2-<n>``, also sent as ``x-session-id``) start at ``rate / mean turns``. Each
+    turn appends a question and is sent with ``max_tokens`` the length of the assistant reply
+    the next turn's history carries (50 to 400 tokens), at the previous turn's *send* time plus
+    a think time (``min_think`` plus an exponential draw, ``think`` seconds on average). Open
+    loop: the history holds the generated reply text, not the engine's answer, so turns of one
+    session can overlap on a server that falls behind. With ``system_tokens`` every session
+    starts with the same system prompt of that size. Turns past ``duration`` are dropped.
     """
     _check_range("turns", turns, 1)
     _check_range("question_tokens", question_tokens, 1)
@@ -550,10 +543,9 @@ def w3_agent(
     over shared tool definitions.
 
     Agents (``w3-<n>``) start at ``rate / mean steps``; each uses one of ``toolsets`` sets of
-    ``tools`` function definitions (uniformly), sent in ``tools``, with the set's own shared
-    system prompt, then a task of its own. Step ``k`` sends the system prompt, the task and the
-    ``k`` earlier assistant tool calls, each followed by its tool result. Steps are ``gap`` seconds
-    apart on average (exponential: the model's turn and the tool's run), open loop as in W2.
+    ``tools`` definitions with the set's shared system prompt, then a task of its own. Step
+    ``k`` sends those and the ``k`` earlier tool calls, each followed by its result. Steps are
+    ``gap`` seconds apart on average (exponential), open loop as in W2.
     """
     for name, span in (("tool_tokens", tool_tokens), ("task_tokens", task_tokens),
                        ("steps", steps), ("call_tokens", call_tokens),

@@ -1,25 +1,21 @@
-"""The admin API's documents: the config in effect, a JSON merge patch of it,
-each backend's plan, signals and learned estimates, and the prefix index's census.
+"""The admin API's documents: the config in effect, a JSON merge patch of it, each backend's
+plan, signals and learned estimates, and the prefix index's census.
 
-``GET /admin/config`` shows the running config written back in the file's own shape
-(``to_document``, generated from the config's dataclasses; ``parse_config`` of it gives the
-running config again, checked before every patch), with every secret redacted (``redact``:
-keys' SHA-256 hashes and the password of a URL that carries one; the peers' secret is never in
-the config, only its file's path), and the config generation (bumped by every applied reload
-or patch).
+``GET /admin/config`` shows the running config in the file's own shape (``to_document``;
+``parse_config`` of it gives the running config again, checked before every patch), every
+secret redacted (``redact``: keys' hashes and a URL's password; the peers' secret is never in
+the config, only its file's path), and the config generation.
 
-``PATCH /admin/config`` takes an RFC 7386 JSON merge patch (``merge_patch``) of that document
-and applies it the way a reload applies the file (``pharos.reload``): the merged document is
-parsed by ``config.parse_config``, compared with the running config by ``config.reload_diff``
-and put in force by ``config.with_live``. It is refused whole, nothing applied, when it does
-not parse, names an unknown field, or changes a field that needs a restart (422 with every
-error). A patch lives in memory only: the file's next change (or ``POST /admin/reload``,
-SIGHUP) reads the file again and its values replace the patched ones.
+``PATCH /admin/config`` takes an RFC 7386 merge patch of that document and applies it as a
+reload applies the file: ``parse_config``, ``reload_diff``, ``with_live``. It is refused whole
+(422 with every error) when it does not parse, names an unknown field, or changes a field that
+needs a restart. A patch lives in memory only: the file's next change (or ``POST
+/admin/reload``, SIGHUP) reads the file again and its values replace the patched ones.
 
 Merge-patch semantics: an object merges, anything else (lists included) replaces, ``null``
-removes a field (so it takes its default; a guard that only ``null`` turns off cannot be turned
-off by a merge patch: edit the file). A key sent back with its hash still ``<redacted>`` keeps
-the running key's hash (matched by name).
+removes a field (so it takes its default; a guard only ``null`` turns off cannot be turned off
+by a merge patch: edit the file). A key sent back with its hash still ``<redacted>`` keeps the
+running key's hash (matched by name).
 """
 
 from __future__ import annotations

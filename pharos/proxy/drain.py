@@ -1,14 +1,11 @@
 """Readiness and drain: what makes restarts and rolling updates invisible to clients.
 
 ``/healthz`` answers 503 until the state is restored and the first scrape round has finished
-(``Health``), and again from the first moment of a drain. ``Drain.run`` is the drain itself,
-on SIGTERM: ``/healthz`` turns 503 at once; requests are still accepted for ``drain.grace``
-so the load balancer notices; then the listener stops listening, idle keep-alive connections
-are closed and busy ones close after their reply; requests in flight get ``drain.timeout`` to
-finish, and whatever is still running then is cut. The service tree does the rest (the
-Leaving delta, the last state-file write, exit: ``pharos.tap``).
-
-The public site hands every request to ``Drain.track`` (``PublicSite``): one set insertion
+(``Health``), and from the first moment of a drain. ``Drain.run``, on SIGTERM: ``/healthz``
+turns 503; requests are still accepted for ``drain.grace`` so the load balancer notices; then
+the listener stops, idle keep-alive connections close and busy ones close after their reply;
+requests in flight get ``drain.timeout``, then the rest are cut. The service tree does the
+rest (``pharos.tap``). ``PublicSite`` hands every request to ``Drain.track``: one set insertion
 and one ``notifyFinish`` per request.
 """
 

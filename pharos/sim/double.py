@@ -2,16 +2,13 @@
 port.
 
 A double is a wire format (a ``Flavor``, cloned from the engine's pinned capture) in front of
-a behaviour model (an ``EngineModel``, by kind from ``default_model``). The twisted.web resource
-here only moves bytes between the two: it turns a request into a ``GenRequest``, writes each
-token as the model produces it (a streaming push producer, so a slow reader pauses the writes
-instead of filling the socket buffer), and cancels the job when the client leaves, which frees
-its slot as a real engine's "stop generating" does.
+a behaviour model (an ``EngineModel``). The twisted.web resource here only moves bytes: it
+turns a request into a ``GenRequest``, writes each token as the model produces it (a streaming
+push producer, so a slow reader pauses the writes instead of filling the socket buffer), and
+cancels the job when the client leaves, freeing its slot as a real engine does.
 
-Controls for tests: ``hold()``/``release()`` (requests stay running without time passing),
-``kill()`` (every connection dropped mid-reply, like an engine dying), ``when(predicate)`` (a
-Deferred that fires once the double's state satisfies it), and ``stats`` / ``jobs`` (requests
-started, cancelled and completed, the prompt and cached tokens each saw).
+Controls for tests: ``hold()``/``release()``, ``kill()`` (an engine dying mid-reply),
+``when(predicate)`` (fires once the state satisfies it), and ``stats`` / ``jobs``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """How a double speaks: every body is a recorded body with the double's numbers put in.
 
-A ``Flavor`` (one per engine, in ``pharos.sim.ollama``, ``.llamacpp``, ``.vllm``) loads its
-pinned capture once. Status bodies are the recorded ones, parsed and re-serialized in the
-engine's own style with the values the double owns replaced; paths it does not own are served
-byte for byte. Replies come from ``ReplyBook``: each recorded reply in ``streams/`` is a
-``ReplyTemplate`` keyed by the request shape that produced it (route, streamed, usage chunk),
-split into the events before the first token, the token events and the events after the last
-one; a double's reply keeps that framing, those keys and that order, and puts in its own
-tokens, counts, ids and times. A recorded refusal is served as recorded.
+A ``Flavor`` (one per engine) loads its pinned capture once. Status bodies are the recorded
+ones re-serialized in the engine's own style with the double's values; paths it does not own
+are served byte for byte. ``ReplyBook`` keys each recorded reply in ``streams/`` by the request
+shape that produced it (route, streamed, usage chunk) as a ``ReplyTemplate``: the events
+before the first token, the token events and those after; a double's reply keeps that framing,
+keys and order with its own tokens, counts, ids and times. A recorded refusal is served as is.
 """
 
 from __future__ import annotations
