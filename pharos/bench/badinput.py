@@ -153,9 +153,8 @@ async def _slow_phase(port: int, pid: int, fast_raw: bytes, clients: int,
 
 async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int, used: int,
                       idle: float) -> dict[str, Any]:
-    """``connections`` keep-alive connections, the first ``used`` after one chat each, the
-    rest never sending a byte; held while a fast client is measured, then until Pharos
-    closes them."""
+    """``connections`` keep-alive connections, ``used`` of them after one chat, the rest
+    silent; held while a fast client is measured, then until Pharos closes them."""
     raw = request_bytes(port, _chat())
     conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     rss0 = rss_mb(pid)

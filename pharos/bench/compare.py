@@ -103,10 +103,8 @@ def served_models(kind: str, engine_args: Sequence[str], names: Sequence[str],
 
 
 def _same_run(path: Path, spec: dict[str, Any]) -> bool:
-    """Whether ``path`` already holds the result of the run ``spec`` describes. ``spec`` is
-    compared as the result file stores it (through JSON): a tuple in it (``--workload-arg
-    prompt_tokens=[2000,2000]`` parses to one) reads back as a list, and without the round trip
-    no such run was ever found done."""
+    """Whether ``path`` already holds the result of the run ``spec`` describes, compared
+    through JSON as the file stores it (a tuple in ``spec`` reads back as a list)."""
     doc = read_result(path)
     if doc is None:
         return False
@@ -329,8 +327,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main_compare(argv: Sequence[str], reactor: IReactorCore) -> int:
-    """``pharos bench compare ...`` on ``reactor`` (the console script passes the global
-    one)."""
+    """``pharos bench compare ...`` on ``reactor``."""
     a = parser().parse_args(argv)
     if a.engines < 1:
         parser().error("--engines must be at least 1")

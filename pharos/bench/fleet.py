@@ -196,10 +196,9 @@ class Processes:
         return next(c for c in self.children if c.name == name)
 
     async def restart(self, k: int, grace: float = RESTART_GRACE) -> dict[str, Any]:
-        """SIGTERM instance ``k``, wait until it exits (SIGKILL after ``grace`` seconds),
-        start it again with the same config and wait for ``/healthz`` 200. What happened, as
-        reactor times: ``term_at``, ``exited_at``, ``healthy_at`` (``None`` if it did not come
-        back; ``error`` says why)."""
+        """SIGTERM instance ``k``, wait for its exit (SIGKILL after ``grace`` seconds), start it
+        again with the same config and wait for ``/healthz`` 200. Reactor times: ``term_at``,
+        ``exited_at``, ``healthy_at`` (``None``: it did not come back; ``error`` says why)."""
         instances = len(self._argv)
         name = instance_name(k, instances)
         event: dict[str, Any] = {"instance": k, "url": self.pharos_urls[k],

@@ -336,10 +336,8 @@ def tail_models(cfg: FleetConfig) -> list[str]:
 
 
 def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
-    """One run's figures: loads per 1,000, p50/p95 TTFT, tail models' p95 and fair wait.
-
-    A tail model's fair wait: what its request waits if it pays one load on top of what
-    the run's resident (head) models' requests wait at p95: ``load_s + p95(head)``."""
+    """One run's figures: loads per 1,000, p50/p95 TTFT, tail models' p95 and fair wait
+    (one load on top of the resident models' p95: ``load_s + p95(head)``)."""
     served = [t for t in run.ttft if t is not None]
     tails = set(tail_models(cfg))
     pairs = [(t, m) for t, m in zip(run.ttft, run.models, strict=True) if t is not None]
@@ -358,7 +356,7 @@ def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
 
 
 def goals(cfg: FleetConfig, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals over the seeds (medians of each run's figure): cost's loads per
+    """The placement goals over the seeds (medians of each run's figure): cost's loads per
     1,000 at most 1/5 of random's, p95 at most half the best baseline's, p50 no worse than
     the best baseline's, tail p95 within 2x of the fair wait."""
     def med(policy: str, key: str) -> float | None:

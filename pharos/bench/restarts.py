@@ -86,12 +86,10 @@ def per_instance(records: Sequence[RequestRecord], urls: Sequence[str]) -> dict[
 
 def restart_summary(records: Sequence[RequestRecord], events: Sequence[Mapping[str, Any]],
                     warmup: float, interval: float = PROBE_INTERVAL) -> list[dict[str, Any]]:
-    """For each restart that came back (``events``: ``url``, ``term_at``, ``healthy_at`` in
-    seconds from the run's start): the instance's hit rate ``before`` (its requests sent
-    between the warm-up's end and SIGTERM), ``after`` (sent in the first ``interval`` seconds
-    after ``/healthz`` answered 200 again), the other instances' hit rate over the same
-    ``after`` window, and ``regained`` = after / before (``None`` when either is unknown or
-    before is 0)."""
+    """For each restart that came back (``events``: ``url``, ``term_at``, ``healthy_at``): the
+    instance's hit rate ``before`` (sent between the warm-up's end and SIGTERM), ``after``
+    (sent in the first ``interval`` seconds after ``/healthz`` answered 200 again), the others'
+    over that window, and ``regained`` = after / before (``None``: unknown, or before is 0)."""
     out = []
     for e in events:
         row: dict[str, Any] = {k: e.get(k) for k in ("instance", "url", "term_at", "exited_at",
@@ -112,11 +110,10 @@ def restart_summary(records: Sequence[RequestRecord], events: Sequence[Mapping[s
 
 
 class HealthWatch:
-    """Polls ``/healthz`` of each base URL every ``interval`` seconds; ``up(url)`` is whether
-    its last definite answer was 200: another status or a refused connection is down, a poll
-    that times out changes nothing (on a loaded machine a healthy instance can answer late,
-    and a balancer marks an instance down only on evidence). Every URL counts as up until its
-    first poll answers."""
+    """Polls each base URL's ``/healthz`` every ``interval`` seconds; ``up(url)``: its last
+    definite answer was 200. Another status or a refused connection is down; a timed-out poll
+    changes nothing (a loaded healthy instance can answer late, and a balancer marks an
+    instance down only on evidence). Every URL is up until its first poll answers."""
 
     def __init__(self, reactor: IReactorTime, urls: Sequence[str], pool: HTTPConnectionPool,
                  interval: float = HEALTH_POLL) -> None:

@@ -86,10 +86,9 @@ async def execute(reactor: IReactorTime, spec: RunSpec, requests: Sequence[Reque
                   started: Callable[[OpenLoop], None] | None = None,
                   senders: Sequence[Sender] | None = None,
                   available: Callable[[str], bool] | None = None) -> dict[str, Any]:
-    """Run ``spec`` (its workload, or ``requests`` and their ``senders`` when the caller
-    generated them already) on ``reactor``; the result document. ``extra`` joins the spec (the
-    fleet that served it); ``started`` sees the run as it begins (to abort it, or to schedule
-    restarts); ``available`` makes the harness skip base URLs that are down (``OpenLoop``)."""
+    """Run ``spec`` (or the caller's ``requests`` and ``senders``) on ``reactor``; the result
+    document. ``extra`` joins the spec (the fleet); ``started`` sees the run begin (to abort
+    it, or schedule restarts); ``available`` skips base URLs that are down (``OpenLoop``)."""
     if requests is None:
         reqs, senders = spec.traffic()
     else:

@@ -124,9 +124,8 @@ def summarize(
 
 
 def per_client(counted: Sequence[RequestRecord], window: float) -> dict[str, Any]:
-    """One client group's part of a run (its counted requests): how many, how many were
-    served, their TTFT and end-to-end latency, and what it was served per second (requests and
-    output tokens), so groups can be set side by side."""
+    """One client group's counted requests: how many, how many served, their TTFT and
+    end-to-end latency, and requests and output tokens served per second."""
     ok = [r for r in counted if r.ok]
     output = sum(r.completion_tokens or 0 for r in ok)
     errors = Counter(r.error or f"http_{r.status}" for r in counted if not r.ok)

@@ -77,10 +77,9 @@ from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 log = Logger()
 
 def _fixtures() -> Path:
-    """fixtures/ of a source checkout, else the pinned captures the wheel installs under
-    ``<data>/share/pharos/fixtures`` (setup.cfg data_files): ``<data>`` is the install
-    scheme's, which is not ``sys.prefix`` under Debian's own Python (/usr/local) nor for
-    ``pip install --user``."""
+    """fixtures/ of a source checkout, else ``<data>/share/pharos/fixtures`` as the wheel
+    installs it: ``<data>`` is the install scheme's, not ``sys.prefix`` under Debian's own
+    Python (/usr/local) nor for ``pip install --user``."""
     checkout = Path(__file__).resolve().parents[2] / "fixtures"
     if checkout.is_dir():
         return checkout
@@ -126,10 +125,9 @@ def pinned_capture(kind: str, fixtures: Path | None = None, state: str | None = 
 
 @dataclass(slots=True)
 class DoubleStats:
-    """What a double saw: generation requests started, completed and cancelled (client gone
-    or ``kill``), control requests, recorded refusals served, and each started request's
-    prompt tokens in arrival order, the last ``HISTORY`` of them (``EngineDouble.jobs`` has
-    the rest: cached tokens, TTFT, slot, outcome)."""
+    """What a double saw: generation requests started, completed and cancelled, control
+    requests, recorded refusals served, and the prompt tokens of the last ``HISTORY`` started
+    requests in arrival order (``EngineDouble.jobs`` has the rest)."""
 
     started: int = 0
     completed: int = 0
