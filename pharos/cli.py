@@ -341,9 +341,8 @@ DOCTOR_LOG_LINES = 200_000
 
 
 async def _docker_log(reactor: IReactorTime, container: str) -> list[bytes] | None:
-    """A container's log as it is now (``docker://NAME`` feeds), read once through the Engine
-    API on ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when it
-    cannot be read."""
+    """A container's log now (``docker://NAME`` feeds), read once through the Engine API on
+    ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when unreadable."""
     from pharos.discovery.docker import DockerAPI, DockerLogFeed, socket_from_env
 
     path, why = socket_from_env(os.environ)

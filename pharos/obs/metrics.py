@@ -122,8 +122,6 @@ class Metrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    # --- recording ---------------------------------------------------------------------
-
     def model_label(self, model: str, served: bool) -> str:
         """``model`` when a backend lists (or listed) it, else ``unknown``."""
         if model in self._known:
@@ -177,8 +175,6 @@ class Metrics(Collector):
     def decision(self, backend: BackendState, stage: str, outcome: str) -> None:
         """A background round's decision (``State.on_decision``)."""
         self.decisions[(stage, outcome)] += 1
-
-    # --- the collector -------------------------------------------------------------------
 
     def describe(self) -> Iterable[Metric]:
         return ()

@@ -50,10 +50,9 @@ margin:.6em 0}.unknown{color:#999;font-style:italic}.own{color:#a50}.down{color:
 
 
 def done_fields(record: Any) -> dict[str, Any]:
-    """The fields of ``DONE_FIELDS`` from a finished request's record, a dict or an object
-    with those attribute names (``pharos.proxy.done.Done``); missing ones are None. Times in
-    seconds (``Done.ttft``, ``Done.duration``) stand in for missing ``ttft_ms`` and
-    ``duration_ms``."""
+    """The ``DONE_FIELDS`` of a finished request's record, a dict or a ``Done``; missing ones
+    are None. Times in seconds (``Done.ttft``, ``Done.duration``) stand in for missing
+    ``ttft_ms`` and ``duration_ms``."""
     def get(name: str) -> Any:
         if isinstance(record, Mapping):
             return record.get(name)

@@ -99,10 +99,9 @@ class Patched:
 
 @dataclass
 class ConfigAdmin:
-    """The config in effect and its patches. ``current``: the running config; ``apply``: put
-    a config in force as a reload does (``PharosService.reconfigure`` plus the file watcher's
-    idea of the running config, so the file's next change is compared with the patched one);
-    ``generation``: the config generation; ``path``: the config file, if any."""
+    """The config in effect and its patches. ``apply`` puts a config in force as a reload does
+    (also as the file watcher's running config, so the file's next change is compared with
+    the patched one); ``path``: the config file, if any."""
 
     current: Callable[[], Config]
     apply: Callable[[Config], None]
@@ -259,10 +258,9 @@ def _target(state: State, sched: Scheduler, t: Target) -> dict[str, Any]:
 def index_document(census: IndexCensus, index: PrefixIndex, state: State, listed: int,
                    key_of: Callable[[int], str | None], gen_of: Callable[[int], int | None]
                    ) -> dict[str, Any]:
-    """``GET /admin/index``: entries, capacity, bytes (an estimate: the tables, keys, slot
-    tuples and distinct slot ints), per target the entries a lookup can match (and stale
-    ones), and the ``listed`` most recently used entries as hashes (no prompt text exists in
-    the index to show)."""
+    """``GET /admin/index``: entries, capacity, estimated bytes, per target the entries a
+    lookup can match (and stale ones), and the ``listed`` most recent entries as hashes (the
+    index holds no prompt text)."""
     targets = state.targets
     rows = []
     for tid in sorted(set(census.current) | set(census.stale)):

@@ -120,9 +120,8 @@ class Keyring:
 
 def presented_key(request: IRequest) -> bytes | None:
     """The key a request presents: ``Authorization: Bearer KEY`` (or ``Basic`` with the key
-    as the password, as a browser sends it), else ``x-api-key``. Surrounding whitespace is
-    the header's, not the key's; a malformed Authorization (another scheme, no key, a key
-    with spaces inside) is a 401 naming the form expected."""
+    as password, as a browser sends it), else ``x-api-key``; surrounding whitespace is the
+    header's. A malformed Authorization is a 401 naming the form expected."""
     auth = request.getHeader(b"authorization")
     if auth is not None:
         parts = auth.strip().split(None, 1)

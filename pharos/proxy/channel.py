@@ -113,10 +113,9 @@ class PharosChannel(HTTPChannel):
 
 
 class PublicSite(Site):
-    """The public site: ``PharosChannel``s, every request handed to ``track`` (the drain
-    counts them) before its resource is found, and no access log (one debug line per request
-    belongs to obs, without prompt text). ``idle``: seconds an idle keep-alive connection
-    stays open."""
+    """The public site: ``PharosChannel``s, every request handed to the drain's ``track``
+    before its resource is found, and no access log (obs writes one debug line per request,
+    without prompt text). ``idle``: seconds an idle keep-alive connection stays open."""
 
     def __init__(self, resource: IResource, *, track: Callable[[Request], None] | None = None,
                  head_deadline: float = DEFAULT_REQUEST_HEADERS,

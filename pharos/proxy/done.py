@@ -86,43 +86,35 @@ def request_id(request: Request) -> str:
 class Done:
     """One finished request; never prompt text, only names, numbers and fixed values.
 
-    Identity and what was asked:
-      ``request_id``: the client's ``x-request-id`` (well formed) or one Pharos made; the
-      reply carries it. ``key``: the key's configured name (``anonymous`` without keys;
-      ``None``: no valid key, a 401). ``tenant``: its tenant (``None`` with no key).
-      ``model``: the model as the client named it (``""`` when the body was not read or had
-      none: a subscriber that makes labels of it must bound it, as the metrics do).
-      ``route``: the request path (``/v1/chat/completions``, ``/api/chat``, ...).
+    Identity and what was asked: ``request_id``, the client's ``x-request-id`` (well formed)
+    or one Pharos made; the reply carries it. ``key``: the key's configured name
+    (``anonymous`` without keys; ``None``: no valid key, a 401); ``tenant`` its tenant.
+    ``model``: as the client named it (``""`` when not read or absent: a subscriber making
+    labels of it must bound it, as the metrics do). ``route``: the request path.
 
-    Where it went and why:
-      ``target``: the URL of the backend whose reply went to the client (``None``: none did).
-      ``target_model``: that target's model as Pharos names it. ``reason``: the policy's
-      reason for that target, for people (``None`` without a target). ``decisions``: every
-      branch it took as ``(stage, outcome)`` pairs in order, from ``DECISIONS`` (route, queue
-      and upstream once per attempt; a retried request has two of each). ``attempts``: leases
-      taken.
+    Where it went and why: ``target``, the URL of the backend whose reply went to the client
+    (``None``: none did); ``target_model``, its model as Pharos names it; ``reason``, the
+    policy's reason, for people. ``decisions``: every branch taken as ``(stage, outcome)``
+    pairs in order, from ``DECISIONS`` (route, queue and upstream once per attempt).
+    ``attempts``: leases taken.
 
-    How it ended:
-      ``status``: the HTTP status the client got (``CLIENT_CLOSED``, 499, when the client left
-      first). ``outcome``: the exchange's ending (``ok``, ``error_status``,
-      ``connect_failed``, ``died_mid_reply``, ``client_left``, ``timed_out``,
-      ``pharos_error``; ``None`` when refused before the exchange).
+    How it ended: ``status``, the HTTP status the client got (``CLIENT_CLOSED``, 499, when the
+    client left first); ``outcome``, the exchange's ending (``ok``, ``error_status``,
+    ``connect_failed``, ``died_mid_reply``, ``client_left``, ``timed_out``, ``pharos_error``;
+    ``None`` when refused before the exchange).
 
-    Timings (seconds; ``None`` when it did not happen):
-      ``time``: when it ended (epoch seconds). ``ttft``: first engine byte less the send of
-      the attempt that answered. ``est_ttft``: the policy's estimate for that target.
-      ``overhead``: Pharos's own time from the route starting to the first upstream send,
-      queue wait excluded. ``queue_wait``: time in the fair queue over all attempts (0:
-      straight through). ``duration``: the route starting to the end of the reply.
+    Timings (seconds; ``None`` when it did not happen): ``time``, when it ended (epoch).
+    ``ttft``: first engine byte less the send of the attempt that answered; ``est_ttft`` the
+    policy's estimate. ``overhead``: Pharos's own time from the route starting to the first
+    upstream send, queue wait excluded. ``queue_wait``: time in the fair queue over all
+    attempts. ``duration``: the route starting to the end of the reply.
 
-    Usage and prediction:
-      ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``: as the engine reported
-      them (``None``: unknown). ``metered``: a reply went to the client with usage read.
-      ``predicted_tokens``: the prefix index's prediction for the target (0: none).
-      ``prediction_source``: where the predicting slot came from (``local``, ``peer``,
-      ``restored``). ``prefix``: the prediction against the engine's cached tokens (the
-      ``prefix`` decision; ``None`` when the request had no prefix chain or no reply).
-      ``policy``: the routing policy of the attempt that answered (``None``: no lease).
+    Usage and prediction: ``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` as the
+    engine reported them. ``metered``: a reply went to the client with usage read.
+    ``predicted_tokens``: the prefix index's prediction for the target (0: none), from a slot
+    of ``prediction_source`` (``local``, ``peer``, ``restored``). ``prefix``: the prediction
+    against the engine's cached tokens (``None`` without a prefix chain or a reply).
+    ``policy``: the routing policy of the attempt that answered (``None``: no lease).
     """
 
     time: float

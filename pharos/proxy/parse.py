@@ -121,11 +121,8 @@ def parse(raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
 
 def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
     """Decode a request body; malformed JSON or a missing model is a 400 in the client's shape.
-
-    A streamed chat completion that does not ask for usage gets
-    ``stream_options.include_usage`` set (keeping its other stream options), so every request
-    is metered; the tap strips the usage chunk from that client's stream.
-    """
+    A streamed chat completion not asking for usage gets ``stream_options.include_usage`` set,
+    so every request is metered; the tap strips the usage chunk from that client's stream."""
     if not isinstance(body, dict):
         raise errors.bad_json("expected a JSON object")
     model = body.get("model")

@@ -58,11 +58,9 @@ class BodyCut(Exception):
 @implementer(IBodyProducer, IPushProducer)
 class BodyPipe:
     """A request body on its way to an engine: written by the client side as it arrives,
-    produced to the engine request's consumer (treq's ``IBodyProducer``).
-
-    ``client``: the client connection's transport, paused while the engine side cannot take
-    more. ``length``: the client's Content-Length (None: chunked; the engine request is then
-    chunked too)."""
+    produced to the engine request's consumer (treq's ``IBodyProducer``). ``client``: the
+    client's transport, paused while the engine side cannot take more. ``length``: the
+    client's Content-Length (None: chunked, and the engine request is chunked too)."""
 
     def __init__(self, client: IPushProducer, length: int | None, call_later: Any,
                  stall: float = DEFAULT_STALL) -> None:
@@ -233,9 +231,8 @@ class StreamingRequest(Request):
             super().handleContentChunk(data)
 
     def dispatch_early(self, command: bytes, path: bytes, version: bytes) -> None:
-        """Run the route now, the head read and the body to come (the channel calls it once
-        the head is in). The channel's idle timeout is off meanwhile (the pipe has its own
-        between body bytes) and comes back when the request ends, as for any request."""
+        """Run the route now, the head read and the body to come. The channel's idle timeout is
+        off meanwhile (the pipe has its own between body bytes) until the request ends."""
         self._dispatched = True
         channel = self.channel
         self._saved_timeout = channel.setTimeout(None)

@@ -53,11 +53,9 @@ _SPACE = b" \t"
 
 
 def _may_carry_usage(buf: bytes, s: int, e: int) -> bool:
-    """Whether ``buf[s:e]`` may hold a usage key with a non-null value, judged by bytes alone.
-
-    A quote cannot occur unescaped inside a JSON string, so a hit ends a key, or a string
-    value, which the following ``:`` rules out.
-    """
+    """Whether ``buf[s:e]`` may hold a usage key with a non-null value, judged by bytes alone:
+    a quote cannot occur unescaped inside a JSON string, so a hit ends a key, or a string
+    value, which the following ``:`` rules out."""
     for marker in _MARKERS:
         i = buf.find(marker, s, e)
         while i >= 0:

@@ -50,8 +50,6 @@ class ModelCore:
         self._tokens_max = 0
         self._finished: dict[str, int] = {}
 
-    # -- the interface's common part --
-
     def hold(self) -> None:
         """Freeze the model's clock."""
         self._timers.hold()
@@ -65,8 +63,6 @@ class ModelCore:
     def held(self) -> bool:
         """Whether ``hold`` is in force."""
         return self._timers.held
-
-    # -- helpers --
 
     def _output(self, request: GenRequest) -> tuple[int, str]:
         """Tokens to generate and the finish reason: a cap the request names ends it with

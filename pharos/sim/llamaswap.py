@@ -85,8 +85,6 @@ class LlamaswapFlavor(Flavor):
         return Recorded(status, "application/json",
                         go_json({"error": message, "src": "llama-swap"}).encode())
 
-    # -- bodies --
-
     def _port(self, name: str) -> int:
         return START_PORT + sorted(self._models).index(name)
 

@@ -153,8 +153,6 @@ class OllamaManagement:
         result: bytes | int = handler(request, doc)
         return result
 
-    # --- the routes ------------------------------------------------------------------------
-
     def _blob(self, request: Request, digest: str) -> bytes:
         hasher = getattr(request, "hasher", None)
         if hasher is None:  # not a BlobRequest: the body was buffered
@@ -242,8 +240,6 @@ class OllamaManagement:
         lines += [{"status": "writing manifest"}, {"status": "success"}]
         return self._progress(request, doc, lines,
                               lambda: self.flavor.add_model(name, max(size, 1)))
-
-    # --- replies ---------------------------------------------------------------------------
 
     def _progress(self, request: Request, doc: dict[str, Any], lines: list[dict[str, Any]],
                   on_success: Any) -> bytes | int:
