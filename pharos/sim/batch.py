@@ -119,12 +119,11 @@ class _Held:
 class BlockPool:
     """One ref-counted pool of KV blocks, as vLLM's ``BlockPool`` keeps it.
 
-    Owners (requests, by id) hold blocks by reference, so a shared prefix is held once. A block
-    nobody holds is *free* but keeps its hash, so it still serves prefix hits until it is handed
-    out again. Free blocks are handed out from the head of one queue: at start every block in
-    id order; a freed block without a hash goes to the head, a freed cached block to the tail
-    (least recently freed first), and an owner's blocks are freed tail first, so a prompt's
-    head outlives its tail.
+    Owners (requests, by id) hold blocks by reference, so a shared prefix is held once. A free
+    block keeps its hash and serves prefix hits until handed out again. Free blocks leave from
+    the head of one queue (at start in id order); a freed block without a hash goes to the head,
+    a cached one to the tail, and an owner's blocks are freed tail first, so a prompt's head
+    outlives its tail.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -318,11 +317,9 @@ class BatchModel(ModelCore):
     """vLLM's V1 scheduler over a ``BlockPool`` (see the module docstring).
 
     ``models``: the one served model (name → size). ``slots``: vLLM's ``--max-num-seqs``.
-    ``knobs``: P(u, c), decode costs, ``block_tokens``, ``cache_tokens`` (the pool),
-    ``batch_tokens`` (the step budget) and the output cap. ``max_model_len``: the longest
-    request (prompt and output) accepted, default the pool's size; a pool smaller than that is
-    refused, as is ``batch_tokens < slots`` (vLLM refuses both at start). ``loaded`` is
-    accepted for symmetry and ignored: the model is always loaded.
+    ``max_model_len``: the longest request (prompt and output) accepted, default the pool's
+    size; a smaller pool is refused, as is ``batch_tokens < slots`` (vLLM refuses both at
+    start). ``loaded`` is ignored: the model is always loaded.
     """
 
     def __init__(

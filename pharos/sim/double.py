@@ -146,18 +146,14 @@ class EngineDouble:
     """One simulated engine: a twisted.web resource, its behaviour model and test controls.
 
     ``kind``: ``ollama``, ``llamacpp``, ``vllm`` or ``llama-swap`` (one model at a time unless
-    ``host_memory`` holds more; its replies are llama.cpp's, which it proxies). ``clock``: the
-    time the model runs on.
-    ``models``: name → size in bytes (default: the capture's catalogue; one model for
-    llama.cpp and vLLM). ``slots``: parallel requests per model (Ollama's
-    ``OLLAMA_NUM_PARALLEL``, llama.cpp's ``--parallel``, vLLM's ``--max-num-seqs``).
-    ``loaded``: models in memory at start (default: none for Ollama, the one model
-    otherwise). ``knobs`` and any ``Knobs`` field as a keyword (``prefill_s=...``) set the
-    latency model (Ollama's ``keep_alive`` is its 5 minutes unless ``knobs`` or
-    ``keep_alive=`` say otherwise; without ``knobs``, vLLM's unset fields are
-    ``VLLM_KNOBS``). ``fixtures``: where the pinned captures are (default: the
-    checkout's ``fixtures/``). ``seed``: the ids' random source. ``engine_model`` replaces
-    the behaviour model altogether (the wire format stays).
+    ``host_memory`` holds more; replies are llama.cpp's). ``clock``: the model's time.
+    ``models``: name → size in bytes (default: the capture's catalogue). ``slots``: parallel
+    requests per model (``OLLAMA_NUM_PARALLEL``, ``--parallel``, ``--max-num-seqs``).
+    ``loaded``: models in memory at start (default: none for Ollama and llama-swap, the one
+    model otherwise). ``knobs`` and any ``Knobs`` field as a keyword set the latency model
+    (Ollama's ``keep_alive`` is its 5 minutes and vLLM's unset fields ``VLLM_KNOBS`` unless
+    ``knobs`` is given). ``seed``: the ids' random source. ``engine_model`` replaces the
+    behaviour model (the wire format stays).
     """
 
     def __init__(
@@ -253,11 +249,9 @@ class EngineDouble:
         self.model.release()
 
     def kill(self) -> None:
-        """Drop every connection at once, replies cut mid-way (an engine dying).
-
-        Every request in flight is cancelled in the model first, so the slots are free as
-        soon as this returns; the connections close on the reactor's next turn.
-        """
+        """Drop every connection at once, replies cut mid-way (an engine dying). Requests in
+        flight are cancelled in the model first, so the slots are free when this returns; the
+        connections close on the reactor's next turn."""
         for reply in list(self._replies):
             reply.cut()
         for factory in self._factories:
@@ -575,9 +569,8 @@ def start_double(
 ) -> tuple[EngineDouble, IListeningPort]:
     """Start a double of ``kind`` listening on ``interface:port`` (0: any free port).
 
-    ``clock`` is the time its model runs on (default: ``reactor``, which must then also be an
-    ``IReactorTime``); ``model_args`` go to ``EngineDouble``. The caller stops both:
-    ``double.stop()`` and ``listening.stopListening()``.
+    ``clock`` defaults to ``reactor`` (then also an ``IReactorTime``); ``model_args`` go to
+    ``EngineDouble``. The caller stops both: ``double.stop()``, ``listening.stopListening()``.
     """
     time = clock if clock is not None else reactor
     if not IReactorTime.providedBy(time):

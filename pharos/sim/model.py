@@ -54,12 +54,10 @@ KV_USAGE_COUNTS = ("running", "fill")
 class Knobs:
     """The numbers of the behaviour models. Defaults are assumed values.
 
-    ``prefill_s``: seconds per uncached prompt token. ``decode_s``: seconds per generated
-    token. ``load_s``: seconds to load a cold model. ``host_memory``: bytes the loaded models
-    may take together (model sizes come from the engine's catalogue). ``cache_tokens``: tokens
-    the prefix cache (and the KV pool behind the KV usage gauge) holds, per model.
-    ``max_output_tokens``: the cap on generated tokens. ``keep_alive``: idle seconds before a
-    model unloads by itself (``None``: never).
+    ``prefill_s``: seconds per uncached prompt token; ``decode_s`` per generated token;
+    ``load_s`` to load a cold model. ``host_memory``: bytes the loaded models may take together.
+    ``cache_tokens``: tokens the prefix cache (and the KV pool) holds, per model.
+    ``keep_alive``: idle seconds before a model unloads by itself (``None``: never).
     """
 
     prefill_s: float = DEFAULT_PREFILL_S
@@ -113,10 +111,9 @@ class Knobs:
 class GenRequest:
     """What the model needs of one client request; the wire layer builds it.
 
-    ``prompt`` is the decoded prompt text (UTF-8), held only to find cached prefixes and never
-    shown (``repr`` leaves it out). ``control`` is ``LOAD`` or ``UNLOAD`` for a request that
-    only loads or unloads its model. ``keep_alive``: the request's own idle time for its model
-    (Ollama), ``None`` to keep the model's; negative means forever.
+    ``prompt``, the decoded text, is held only to find cached prefixes and never shown (``repr``
+    leaves it out). ``control``: ``LOAD`` or ``UNLOAD`` for a request that only does that.
+    ``keep_alive``: the request's idle time for its model (Ollama; negative: forever).
     """
 
     model: str
@@ -278,10 +275,8 @@ class EngineModel(Protocol):
     """The behaviour behind a double: admits requests, says when each token is produced."""
 
     def submit(self, request: GenRequest, listener: JobListener) -> Job:
-        """Queue a request; raises ``UnknownModel`` or ``ModelTooLarge`` at once.
-
-        The listener is never called from inside ``submit``.
-        """
+        """Queue a request; raises ``UnknownModel`` or ``ModelTooLarge`` at once. The listener
+        is never called from inside ``submit``."""
         ...
 
     def cancel(self, job: Job) -> None:

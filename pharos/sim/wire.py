@@ -219,12 +219,10 @@ def _text_slot(ev: Any) -> tuple[dict[str, Any], str] | None:
 
 
 def is_token_event(ev: Any) -> bool:
-    """Whether a stream event carries one generated token.
-
-    Ollama's native lines: every line before ``done``. OpenAI-style chunks: a chunk with a
-    text string, unless it is empty and opens the stream (the role chunk) or closes it (a
-    finish chunk); vLLM sends an empty text for a token that ends inside a UTF-8 sequence.
-    """
+    """Whether a stream event carries one generated token: Ollama's native lines before
+    ``done``; OpenAI-style chunks with a text string, unless empty and opening (the role chunk)
+    or closing (a finish chunk) the stream: vLLM sends an empty text for a token ending inside
+    a UTF-8 sequence."""
     if not isinstance(ev, dict):
         return False
     if "done" in ev:
@@ -541,11 +539,9 @@ class PromPage:
 
 
 class Flavor:
-    """One engine's wire format, cloned from its pinned capture.
-
-    Subclasses set ``kind`` and ``dumps``, fill ``dynamic`` (path → body builder from the
-    model's status) and say which models they serve.
-    """
+    """One engine's wire format, cloned from its pinned capture. Subclasses set ``kind`` and
+    ``dumps``, fill ``dynamic`` (path → body builder from the model's status) and say which
+    models they serve."""
 
     kind = ""
     dumps: Dumps = staticmethod(compact_json)
