@@ -1,16 +1,16 @@
 """``pharos bench overhead --bad-input``: Pharos under slow and idle clients, reported, never
 asserted.
 
-Pharos (default timeouts unless ``--idle`` or ``--request-body``) in front of the floor's vLLM
+Pharos (default timeouts unless ``--idle`` or ``--request-body``) before the floor's vLLM
 double, pinned as in ``--floor``. After a baseline of one fast client's chat latency:
 
-1. ``slow``: 1,000 connections whose bodies come a byte a second after whole heads, and one
-   sending its head a byte a second. Reported: the header trickler's status and when it came
-   (``timeouts.request_headers``), how many body tricklers Pharos cut
-   (``timeouts.request_body``), Pharos's RSS, and the fast client's latency meanwhile.
-2. ``idle``: 10,000 keep-alive connections, 2,000 after one chat and the rest silent; Pharos's
-   RSS with all open, the fast client's latency while they are held, then how many Pharos
-   closed, and when, once ``timeouts.idle`` passed.
+1. ``slow``: 1,000 connections sending whole heads, then their bodies a byte a second, and one
+   sending its head a byte a second: the header trickler's status and when
+   (``timeouts.request_headers``), the body tricklers cut (``timeouts.request_body``), Pharos's
+   RSS, the fast client's latency.
+2. ``idle``: 10,000 keep-alive connections, 2,000 after one chat, the rest silent: Pharos's RSS,
+   the fast client's latency while held, then how many Pharos closed, and when, once
+   ``timeouts.idle`` passed.
 
 The fast client's p50/p99 during a phase against the baseline is "other clients unaffected".
 """

@@ -164,8 +164,7 @@ class Comparison:
         return 1 if self.failed else 0
 
     def _traffic(self, base: RunSpec) -> tuple[list[Request], list[Sender] | None]:
-        """The workload of ``base`` and its senders, generated once for all the policies of a
-        rate and seed."""
+        """The workload of ``base`` and its senders, made once per rate and seed."""
         key = (base.rate, base.seed)
         if self._workload is None or self._workload[0] != key:
             self._workload = (key, base.traffic())

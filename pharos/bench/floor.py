@@ -1,22 +1,18 @@
 """``pharos bench overhead --floor``: Pharos against the floor of its own stack, reported, never
 asserted.
 
-On one engine double (a vLLM double whose prefill and decode take no time): the engine
-directly; ``web``, a bare ``twisted.web`` resource answering itself (what serving a request
-costs on Twisted); ``web-agent``, a ``twisted.web`` resource relaying through ``Agent``;
-``klein-treq``, a Klein route through treq; and Pharos (default config). Each router is its
-own process pinned to core 0 with ``taskset``; the engines and the load are pinned to core 1.
+On one vLLM double whose prefill and decode take no time: the engine directly; ``web``, a bare
+``twisted.web`` resource answering itself; ``web-agent``, one relaying through ``Agent``;
+``klein-treq``, a Klein route through treq; and Pharos. Each router is its own process pinned
+to core 0 with ``taskset``; the engines and the load are pinned to core 1.
 
-For each: the added p50/p99 latency of a tiny non-streamed chat at one client, alternating
-over the routers so machine load hits all alike; and at 32 concurrent keep-alive clients the
-throughput and the router's CPU per request (``/proc/PID/stat``), rounds interleaved, median
-reported. Each process's idle CPU (Pharos scrapes its engine every second) is taken over
-``IDLE_SECONDS`` first; the ``_net`` figures subtract it.
-
-``--stream-tokens N`` adds a streamed chat from a second double decoding a token every
-``--stream-decode-ms``: the gaps between SSE events at the client, directly and through
-Pharos. ``--soak N`` sends N requests through Pharos at 32 clients and reports its RSS
-(``VmRSS``, sampled every second) after a warm-up, at the end and at most.
+For each: the added p50/p99 latency of a tiny chat at one client, alternating over the routers
+so machine load hits all alike; and at 32 keep-alive clients the throughput and the router's
+CPU per request (``/proc/PID/stat``), rounds interleaved, median reported. Each process's idle
+CPU (Pharos scrapes its engine every second), taken over ``IDLE_SECONDS`` first, is subtracted
+in the ``_net`` figures. ``--stream-tokens N`` adds the gaps between SSE events of a streamed
+chat, direct and through Pharos; ``--soak N`` sends N requests through Pharos and reports its
+RSS after a warm-up, at the end and at most.
 
 The load is raw HTTP/1.1 over keep-alive sockets (blocking for one client, asyncio for 32), so
 the client's own cost is the same small constant for every router.

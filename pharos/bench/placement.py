@@ -1,20 +1,18 @@
 """``pharos bench placement``: model placement on simulated multi-model fleets.
 
-Virtual time, not loopback: each host is an engine double's behaviour model without its
-sockets (the Ollama-like ``SlotModel`` unloading the least recently used idle models, or the
-llama-swap-like one swapping in arrival order), its status bodies rendered by the double's
-flavor, and Pharos's real ``State`` and ``Scheduler`` polling and routing them, all on one
-``Clock``. The same seed gives the same run on any machine, however loaded.
+Virtual time, not loopback: each host is an engine double's behaviour model without sockets
+(the Ollama-like ``SlotModel``, or the llama-swap-like one swapping in arrival order), its
+status bodies rendered by the double's flavor, and Pharos's real ``State`` and ``Scheduler``
+polling and routing them, all on one ``Clock``: the same seed gives the same run anywhere.
 
-Each ``multi-model`` request (Zipf model popularity) arrives at its time, takes a lease (one
-fair-queue key: arrival order), is submitted to the leased host's model, and releases the
-lease at its end with the sample the proxy would build. TTFT is from arrival to first token.
+Each ``multi-model`` request (Zipf popularity) takes a lease at its time (one fair-queue key),
+runs on the leased host's model, and releases the lease with the sample the proxy would build.
+TTFT is from arrival to first token.
 
-Policies: ``cost`` (placement on), the baselines ``random`` and ``round-robin`` (same
-admission and queue, only the decision differs), and ``loaded-first``, NOMYO router's rule,
-dispatched by the harness straight to the engines: the least busy host with the model loaded
-and a free slot, else the least busy host. It reads residency exactly (NOMYO polls
-``/api/ps``; exactness only helps it); it lives here because Pharos has no such policy.
+Policies: ``cost`` (placement on), the baselines ``random`` and ``round-robin`` (only the
+decision differs), and ``loaded-first``, NOMYO router's rule, dispatched by the harness
+straight to the engines: the least busy host with the model loaded and a free slot, else the
+least busy host, reading residency exactly (only helping it); Pharos has no such policy.
 
 Counted per run: requests served, cold loads (swaps included), TTFT percentiles overall and
 per model, and every ``SAMPLE_SEC`` the hosts each model is loaded on.

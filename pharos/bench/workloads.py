@@ -367,8 +367,7 @@ def hot(
     question_tokens: Range = (50, 500),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """``hot``: W1 with its system prompts drawn by Zipf weight (``1 / rank ** exponent``), so a
-    few are hot."""
+    """``hot``: W1 with system prompts drawn by Zipf weight (``1 / rank ** exponent``)."""
     make = _shared_system(
         seed, "hot", _Text(seed), model, prompts=prompts, prompt_tokens=prompt_tokens,
         question_tokens=question_tokens, output_tokens=output_tokens, exponent=exponent,
@@ -410,10 +409,9 @@ def mix(
     unique_tokens: Range = (1000, 6000),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """``mix``: W1 and W6 requests arriving together, one arrival stream at ``rate`` whose
-    requests are W1's (tag ``mix/w1``) with probability ``shared`` and W6's (``mix/w6``)
-    otherwise, so a policy must weigh the cache one kind finds against the prefill the other
-    queues."""
+    """``mix``: W1 and W6 requests arriving together, one arrival stream at ``rate`` whose requests
+    are W1's (tag ``mix/w1``) with probability ``shared`` and W6's (``mix/w6``) otherwise, so a
+    policy must weigh the cache one kind finds against the prefill the other queues."""
     if not 0.0 <= shared <= 1.0:
         raise ValueError(f"shared must be within [0, 1], not {shared}")
     text = _Text(seed)
@@ -707,12 +705,10 @@ WORKLOADS: dict[str, Callable[..., list[Request]]] = {
 }
 
 
-#: How the traffic starts (``start=``): ``open`` as the arrival process has it; ``burst``: the
-#: first ``start_requests`` requests all at once, at 0; ``serial``: they come one at a time,
-#: ``start_gap`` seconds apart (each alone on the fleet), and the rest follow, shifted by that.
-#: Cache-aware routers are path dependent: where the first requests of each prompt land
-#: decides what every cache holds later (peers pin every prompt on one engine when traffic
-#: starts one request at a time).
+#: How the traffic starts: ``open`` as the arrivals have it; ``burst``: the first
+#: ``start_requests`` all at 0; ``serial``: those one at a time, ``start_gap`` seconds apart, the
+#: rest shifted by that. Cache-aware routers are path dependent: where each prompt's first
+#: requests land decides what every cache holds (peers pin every prompt on one engine then).
 STARTS = ("open", "burst", "serial")
 #: Requests ``burst`` and ``serial`` re-time, and ``serial``'s gap, seconds.
 START_REQUESTS = 16

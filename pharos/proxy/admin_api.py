@@ -146,9 +146,8 @@ class AdminAPI:
 
     @app.route("/admin/index", methods=["GET"])
     async def admin_index(self, request: Request) -> bytes:
-        """The prefix index: entries, bytes, per target the entries a lookup can match;
-        ``?list=N``: the N most recent entries as hashes (admin). Counted a shard per reactor
-        turn."""
+        """The prefix index: entries, bytes, per target the entries a lookup can match; ``?list=N``:
+        the N most recent entries as hashes (admin). Counted a shard per reactor turn."""
         listed = listed_count(request.args)
         targets = self.state.targets
 

@@ -74,8 +74,7 @@ class BoundedRequest(Request):
 
 def bounded_request_factory(limit: int, on_too_large: Callable[[Request, bytes], None] | None
                             = None) -> type[BoundedRequest]:
-    """A request class with its own limit (the site's requestFactory), telling
-    ``on_too_large`` of each 413."""
+    """A request class with its own limit, telling ``on_too_large`` of each 413."""
     return type("BoundedRequest", (BoundedRequest,),
                 {"max_body": limit, "on_too_large": staticmethod(on_too_large)
                  if on_too_large is not None else None})

@@ -146,8 +146,7 @@ class Capture:
         self._parts, self._size, self._final = [], 0, None
 
     def response(self) -> dict[str, Any] | None:
-        """The finished reply's response object, or None (over the cap, not finished, not
-        decodable)."""
+        """The finished reply's response object, or None (over the cap, unfinished, undecodable)."""
         if self.over:
             return None
         try:

@@ -203,8 +203,7 @@ class Trace:
                 ("usage", "pharos_asked" if parsed.pharos_asked_usage else "client_asked"))
 
     def refused(self, e: ApiError) -> None:
-        """A refusal before the exchange: its admission outcome (any other 4xx is a bad
-        request)."""
+        """A refusal before the exchange: its admission outcome (other 4xx: bad_request)."""
         if not self.admitted:
             self.decisions.append(("admission", _REFUSALS.get(e.code or "", "bad_request")))
 

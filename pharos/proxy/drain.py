@@ -189,10 +189,9 @@ class HealthPage:
 
 
 def second_signal_ends(stopping: Callable[[], bool]) -> None:
-    """Wrap the reactor's SIGTERM and SIGINT handlers (once the reactor runs: it installs them
-    at start-up) so a signal while Pharos stops, or a second one, ends the process at once;
-    Twisted's would only call ``reactor.stop`` again (``ReactorNotRunning``) and wait out the
-    drain."""
+    """Wrap the reactor's SIGTERM and SIGINT handlers (once the reactor runs: it installs them at
+    start-up) so a signal while Pharos stops, or a second one, ends the process at once; Twisted's
+    would only call ``reactor.stop`` again (``ReactorNotRunning``) and wait out the drain."""
     seen: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(signum)

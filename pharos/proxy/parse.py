@@ -1,5 +1,4 @@
-"""Reading a client's request body once: the model, the prompt's size, streaming, and the
-body to forward."""
+"""Reading a client's request body once: model, prompt size, streaming, the body to forward."""
 
 from __future__ import annotations
 

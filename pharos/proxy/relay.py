@@ -1,5 +1,4 @@
-"""The engine leg: send a request with treq and relay its reply through the tap with
-backpressure both ways."""
+"""The engine leg: a treq request, its reply relayed through the tap, backpressure both ways."""
 
 from __future__ import annotations
 

@@ -104,8 +104,7 @@ class StreamTap:
 
     @property
     def usage(self) -> Usage | None:
-        """The usage the reply's lines said so far, later lines winning (final after
-        ``finish``)."""
+        """The usage the reply's lines said so far, later lines winning (final after ``finish``)."""
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:

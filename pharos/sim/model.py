@@ -188,8 +188,7 @@ class UnknownModel(Exception):
 
 
 class PromptTooLong(Exception):
-    """The request does not fit in the model's context: the engine refuses it at once (vLLM
-    answers 400)."""
+    """The request does not fit in the model's context: refused at once (vLLM answers 400)."""
 
 
 class ModelTooLarge(Exception):
