@@ -1,6 +1,5 @@
 """The ``pharos`` console script: ``check``, ``config-schema``, ``doctor``, ``keys``, ``bench``,
-``sim-engine``. This module and ``pharos.tap`` are the only ones touching the global reactor.
-"""
+``sim-engine``. This module and ``pharos.tap`` are the only ones touching the global reactor."""
 
 from __future__ import annotations
 

@@ -134,9 +134,8 @@ class Client:
 
 
 def stream_gaps(port: int, body: bytes) -> tuple[list[float], float]:
-    """One streamed request on its own connection (``Connection: close``): the gaps in
-    seconds between SSE events as received (events read together have gap 0), and the
-    seconds from the first event to the last."""
+    """One streamed request on its own connection (``Connection: close``): the seconds between SSE
+    events as received (0 for events read together), and from the first to the last."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     arrivals: list[tuple[float, int]] = []

@@ -1,6 +1,5 @@
 """``pharos bench run``: one open-loop run of a seeded workload against Pharos or, with several
-``--url`` and ``--dispatch``, straight against engines (the cache-blind baselines), written to
-one result file."""
+``--url`` and ``--dispatch``, straight against engines, written to one result file."""
 
 from __future__ import annotations
 
@@ -136,9 +135,8 @@ def describe(summary: dict[str, Any]) -> str:
 
 
 def workload_args(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as generator keyword arguments: a value is read as JSON when it is
-    JSON (``cv=4``, ``prompt_tokens=[50,100]``, lists becoming the generators' ranges), else
-    as a string (``arrivals=gamma``)."""
+    """``KEY=VALUE`` pairs as generator keyword arguments: a value is JSON when it parses (``cv=4``,
+    ``prompt_tokens=[50,100]``: lists become ranges), else a string (``arrivals=gamma``)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")

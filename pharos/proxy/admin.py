@@ -258,9 +258,8 @@ def _target(state: State, sched: Scheduler, t: Target) -> dict[str, Any]:
 def index_document(census: IndexCensus, index: PrefixIndex, state: State, listed: int,
                    key_of: Callable[[int], str | None], gen_of: Callable[[int], int | None]
                    ) -> dict[str, Any]:
-    """``GET /admin/index``: entries, capacity, estimated bytes, per target the entries a
-    lookup can match (and stale ones), and the ``listed`` most recent entries as hashes (the
-    index holds no prompt text)."""
+    """``GET /admin/index``: entries, capacity, estimated bytes, per target the entries a lookup can
+    match (and stale ones), the ``listed`` most recent entries as hashes (no prompt text)."""
     targets = state.targets
     rows = []
     for tid in sorted(set(census.current) | set(census.stale)):

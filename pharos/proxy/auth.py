@@ -1,14 +1,14 @@
 """Who is calling: the presented API key becomes an ``Identity``.
 
 Keys are stored only as the SHA-256 of the secret (``pharos keys new``); a request's key is
-hashed and looked up in a dict that a reload swaps whole (``Keyring`` is immutable), so a
-lookup never sees half a key set and costs one hash whatever the key set's size. The lookup
-compares digests, never the secret, so its time says nothing about how much of a guess was
-right; the found entry's digest is compared again with ``hmac.compare_digest``.
+hashed and looked up in a dict a reload swaps whole (``Keyring`` is immutable), so a lookup
+never sees half a key set and costs one hash. The lookup compares digests, never the secret,
+so its time says nothing of how much of a guess was right; the found entry's digest is
+compared again with ``hmac.compare_digest``.
 
-Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, the ollama client's headers) or
-``x-api-key: KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is
-``anonymous`` and may do everything.
+Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, ollama's client) or ``x-api-key:
+KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is ``anonymous``
+and may do everything.
 """
 
 from __future__ import annotations

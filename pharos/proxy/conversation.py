@@ -199,9 +199,8 @@ class Turn:
 
 
 def _as_message(item: Any) -> Any:
-    """An input item as the chain hashes it: a message is its role and its text, as an
-    engine's chat template sees it (an output item's id, status and part types are not
-    prompt); any other item as it is."""
+    """An input item as the chain hashes it: a message is its role and text, as an engine's chat
+    template sees it (an output item's id, status and part types are not prompt); others as is."""
     if type(item) is not dict or not isinstance(item.get("role"), str):
         return item
     content = item.get("content")
@@ -221,9 +220,8 @@ class ConversationState:
 
     def parse(self, raw: bytes, who: Identity, resolve: Resolve | None
               ) -> tuple[Parsed, Turn | None]:
-        """The request as routing sees it (expanded when it names a previous response) and
-        the turn to store, if it is store-eligible; 400/404 in OpenAI's shape for a
-        previous response that cannot be used."""
+        """The request as routing sees it (expanded when it names a previous response) and the turn
+        to store, if store-eligible; 400/404 in OpenAI's shape for an unusable previous response."""
         parsed = parse(raw, RESPONSES_PATH, resolve)
         store = self.store
         body = parsed.body

@@ -83,9 +83,8 @@ VLLM_KNOBS: Mapping[str, float | int] = MappingProxyType({
 
 
 class Chain:
-    """The chained hashes of a growing text's full blocks of ``block_bytes``: hash ``i`` names
-    every byte before the end of block ``i``. With 64-byte blocks it equals
-    ``pharos.sim.prompt.chain_blocks``."""
+    """The chained hashes of a growing text's full blocks of ``block_bytes``: hash ``i`` names every
+    byte up to block ``i``'s end. With 64-byte blocks, ``prompt.chain_blocks``."""
 
     __slots__ = ("_size", "_tail", "hashes")
 

@@ -1,6 +1,5 @@
-"""``pharos sim-engine --kind K --port P``: one engine double until Ctrl-C, on the reactor
-the console script (pharos.cli) hands it.
-"""
+"""``pharos sim-engine --kind K --port P``: one engine double until Ctrl-C, on the reactor the
+console script (pharos.cli) hands it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What the engine models share: counters, control requests, the clock that holds, and how a
-step's tokens are told. Kept apart from ``pharos.sim.model`` (the types every layer sees) so
-each model holds only what makes it differ: how it admits, schedules and caches.
-"""
+"""What the engine models share: counters, control requests, the clock that holds, and how a step's
+tokens are told. Kept apart from ``pharos.sim.model`` (the types every layer sees) so each model
+holds only what makes it differ: how it admits, schedules and caches."""
 
 from __future__ import annotations
 

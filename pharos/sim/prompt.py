@@ -1,11 +1,10 @@
 """What a double reads from a client request: the prompt, its size, its prefix blocks, and the
 reply shape asked for.
 
-Prompt size is 4 bytes of *decoded* text per token, so a body
-with ``\\uXXXX`` escapes and the same body in raw UTF-8 are the same prompt, as for a real
-engine. The prompt text is the tools (serialized compactly, ahead of the messages: they are
-prompt text the engine caches with the rest), then each message's content string (text parts
-of a content list, then its tool calls), or a completion's or generate's prompt.
+Prompt size is 4 bytes of *decoded* text per token, so ``\\uXXXX`` escapes and raw UTF-8 give
+the same prompt, as for a real engine. The prompt text is the tools (compact JSON ahead of the
+messages: the engine caches them with the rest), then each message's content (text parts,
+then tool calls), or a completion's or generate's prompt.
 """
 
 from __future__ import annotations

@@ -43,9 +43,8 @@ _GO_SPECIAL = re.compile("[<>&\u2028\u2029]")
 
 
 def go_json(obj: Any) -> str:
-    """Go's ``encoding/json``: compact, non-ASCII as is, and ``<``, ``>``, ``&``, U+2028,
-    U+2029 escaped (Ollama). Those characters only ever occur inside strings, so escaping
-    them in the output is exact."""
+    """Go's ``encoding/json``: compact, non-ASCII as is, ``<``, ``>``, ``&``, U+2028, U+2029 escaped
+    (Ollama); they only occur inside strings, so escaping the output is exact."""
     return _GO_SPECIAL.sub(lambda m: _GO_ESCAPES[m.group()], compact_json(obj))
 
 
@@ -449,8 +448,7 @@ class ReplyTemplate:
 
 class ReplyBook:
     """Every recorded reply of a capture by request shape on the routes a double generates on
-    (``GENERATION_ROUTES``: not the recorded Anthropic and Responses replies), and its
-    recorded refusals on any route."""
+    (``GENERATION_ROUTES``: no Anthropic or Responses), and its refusals on any route."""
 
     def __init__(self, replies: Iterable[RecordedReply], dumps: Dumps) -> None:
         self.templates: dict[ReplyKey, ReplyTemplate] = {}
