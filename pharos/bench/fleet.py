@@ -30,8 +30,7 @@ from pharos.bench.processes import (
 
 #: Path every engine double answers 200 on once it serves (vLLM, llama.cpp and Ollama alike).
 ENGINE_READY = "/v1/models"
-#: Seconds a restarted instance has to drain and exit before SIGKILL (its drain grace, 5 s by
-#: default, and the streams in flight).
+#: Seconds a restarted instance has to drain (5 s grace, then its streams) before SIGKILL.
 RESTART_GRACE = 60.0
 
 
@@ -50,8 +49,7 @@ class FleetSpec:
     capacity: int | None = None
     #: The ``keys:``/``tenants:`` sections of Pharos's config (``None``: no keys, open).
     access: str | None = None
-    #: Pharos instances side by side, each in front of every engine (the harness is their
-    #: round-robin balancer).
+    #: Pharos instances, each in front of every engine (the harness balances round robin).
     instances: int = 1
     #: The instances are each other's peers.
     peers: bool = False

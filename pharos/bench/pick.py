@@ -271,8 +271,7 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "processor": platform.processor() or None,
-            # the policy and the chain's common links compiled by mypyc, or why each is
-            # interpreted (``pharos.compiled``)
+            # mypyc-compiled policy and chain links, or why not (``pharos.compiled``)
             "policy": compiled.status.get("pharos.policy"),
             "linkhash": compiled.status.get("pharos.linkhash")}
 

@@ -123,8 +123,7 @@ class RunResult:
     placement: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     #: Requests Pharos dispatched to a target it saw cold (None: the harness's dispatch).
     cold_dispatches: int | None = None
-    #: Victims Pharos named to the hosts before a cold load (``Lease.unload``; None: the
-    #: harness's dispatch).
+    #: Victims Pharos named before a cold load (``Lease.unload``; None: harness dispatch).
     unloads: int | None = None
 
     @property

@@ -27,8 +27,7 @@ class RequestRecord:
     model: str
     max_tokens: int
     session: str | None = None
-    #: The client group that sent it and the API key it sent, when the run names clients
-    #: (``pharos.bench.clients``).
+    #: The client group and API key that sent it, when the run names clients (``clients``).
     client: str | None = None
     key: str | None = None
     #: Scheduled before the warm-up ended: sent, but left out of the summary.

@@ -31,8 +31,7 @@ from typing import Any
 
 from pharos.sim.prompt import BYTES_PER_TOKEN, CHAT, prompt_text
 
-#: An inclusive ``(low, high)`` range of integers (tokens, turns, steps, documents), drawn
-#: uniformly.
+#: An inclusive ``(low, high)`` range of integers (tokens, turns, steps, ...), drawn uniformly.
 Range = tuple[int, int]
 
 __all__ = [
@@ -176,8 +175,7 @@ def _check_range(name: str, span: Range, low: int = 0) -> None:
 
 _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
-#: Syllables in a generator's table, and how many of them end a word (a trailing space): words
-#: average 256 / 96 = 2.7 syllables.
+#: Syllables in a generator's table, and how many end a word: words average 256 / 96 = 2.7.
 _SYLLABLES = 256
 _WORD_ENDS = 96
 #: Texts are runs of phrases (of ``_PHRASE_WORDS`` words) drawn from a table of ``_PHRASES``
@@ -614,10 +612,9 @@ def w4_rag(
     question_tokens: Range = (20, 100),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """W4: RAG over a corpus of ``documents`` documents with Zipf popularity (document ``d`` has
-    weight ``1 / (d + 1) ** exponent``). Each request is a short shared instruction (system),
-    then one user message holding 1 to 3 different documents, each headed ``Document <d>:``,
-    then a question of its own."""
+    """W4: RAG over ``documents`` documents of Zipf popularity (weight ``1 / (d + 1) ** exponent``):
+    a short shared instruction (system), then one user message of 1 to 3 different documents, each
+    headed ``Document <d>:``, and a question of its own."""
     _check_range("per_request", per_request, 1)
     _check_range("document_tokens", document_tokens, 1)
     _check_range("question_tokens", question_tokens, 1)

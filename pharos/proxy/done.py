@@ -66,9 +66,8 @@ _REFUSALS: Final = {
 }
 
 
-#: Fresh request ids: 128 random bits from a generator seeded from the OS once (and again in a
-#: forked child), not a ``getrandom`` system call per request. An id names a request; it is
-#: no secret.
+#: Fresh request ids: 128 random bits from a generator seeded from the OS once (again in a
+#: forked child), not a ``getrandom`` call per request. An id names a request; no secret.
 _IDS = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
 

@@ -19,8 +19,7 @@ CHAINED = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/a
 #: recurse as deep (a RecursionError, a 500, near 1,000 levels).
 MAX_DEPTH = 128
 
-#: Bytes of decoded prompt text per estimated token (real tokenizers: 2.8-6.2 across
-#: languages and code).
+#: Bytes of decoded prompt text per estimated token (real tokenizers: 2.8-6.2, by language).
 BYTES_PER_TOKEN = 4
 
 
@@ -183,9 +182,8 @@ def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> 
 
 
 #: Where each route family puts the output limit, in the order an engine reads them (OpenAI's
-#: chat: ``max_completion_tokens`` supersedes ``max_tokens``; Responses:
-#: ``max_output_tokens``; Anthropic: ``max_tokens``, required; Ollama: ``options.num_predict``,
-#: where -1 and -2 mean no limit).
+#: chat: ``max_completion_tokens`` over ``max_tokens``; Responses: ``max_output_tokens``;
+#: Anthropic: ``max_tokens``, required; Ollama: ``options.num_predict``, -1 and -2: no limit).
 def output_limit(body: dict[str, Any], path: str) -> int | None:
     """The most output tokens the client allows, or None when it sets no limit (a bad value
     is the engine's to refuse, and counts as none here)."""

@@ -28,8 +28,7 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length",
     b"content-encoding",
 })
-#: A reply that sends nothing for this long is cut (Agent's timeouts end at the headers);
-#: config ``timeouts.stream_idle`` sets it.
+#: Seconds a silent reply is cut after (Agent's timeouts end at the headers); ``stream_idle``.
 IDLE_TIMEOUT = 120.0
 
 

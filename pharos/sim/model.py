@@ -240,8 +240,7 @@ class EngineStatus:
     finished: Mapping[str, int] = field(default_factory=dict)
     #: Requests preempted (KV given back, to be recomputed) since start.
     preemptions: int = 0
-    #: Prefix-cache lookups as vLLM counts them: tokens queried and tokens found cached
-    #: (``None``: the model keeps no such count).
+    #: Prefix-cache lookups as vLLM counts them: tokens queried and found (``None``: not kept).
     prefix_queries_total: int | None = None
     prefix_hits_total: int | None = None
 

@@ -148,8 +148,7 @@ def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     return n
 
 
-#: The order idle models are unloaded in when memory is short: Ollama's, or least recently
-#: used first.
+#: The order idle models unload in when memory is short: Ollama's, or least recently used.
 EVICT_OLLAMA = "ollama"
 EVICT_LRU = "lru"
 
@@ -189,8 +188,7 @@ class SlotModel(ModelCore):
         #: Blocks one slot's cache holds: its share of the context.
         self.slot_blocks = self.knobs.cache_tokens // slots // BLOCK_TOKENS
         self._held_at = 0.0
-        #: Loads started (a cold model brought in; on a one-model host, a swap after the
-        #: first): what placement tries to make rare.
+        #: Loads started (on a one-model host, a swap after the first): placement makes them rare.
         self.loads = 0
         self._models = {name: _Model(name, size, slots, self.knobs)
                         for name, size in models.items()}

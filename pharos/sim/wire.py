@@ -218,10 +218,9 @@ def _text_slot(ev: Any) -> tuple[dict[str, Any], str] | None:
 
 
 def is_token_event(ev: Any) -> bool:
-    """Whether a stream event carries one generated token: Ollama's native lines before
-    ``done``; OpenAI-style chunks with a text string, unless empty and opening (the role chunk)
-    or closing (a finish chunk) the stream: vLLM sends an empty text for a token ending inside
-    a UTF-8 sequence."""
+    """Whether a stream event carries one generated token: Ollama's native lines before ``done``;
+    OpenAI-style chunks with a text string, unless empty and opening (role chunk) or closing (finish
+    chunk) the stream: vLLM sends an empty text for a token ending in a UTF-8 sequence."""
     if not isinstance(ev, dict):
         return False
     if "done" in ev:
@@ -538,8 +537,7 @@ class PromPage:
 
 class Flavor:
     """One engine's wire format, cloned from its pinned capture. Subclasses set ``kind`` and
-    ``dumps``, fill ``dynamic`` (path → body builder from the model's status) and say which
-    models they serve."""
+    ``dumps``, fill ``dynamic`` (path → body from the status) and say which models they serve."""
 
     kind = ""
     dumps: Dumps = staticmethod(compact_json)
