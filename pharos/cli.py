@@ -1,8 +1,5 @@
 """The ``pharos`` console script: ``check``, ``config-schema``, ``doctor``, ``keys``, ``bench``,
-``sim-engine``.
-
-This module and ``pharos.tap`` are the only ones that touch the global reactor.
-"""
+``sim-engine``. This module and ``pharos.tap`` are the only ones touching the global reactor."""
 
 from __future__ import annotations
 
@@ -140,14 +137,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return main_report(args.rest)
     if args.what == "pick":
-        from pharos.sim.bench import main_pick
+        from pharos.bench.pick import main_pick
 
         return main_pick(args.rest)
     if args.what == "memory":
         from pharos.bench.memory import main_memory
 
         return main_memory(args.rest)
-    from pharos.sim.overhead import main_overhead
+    from pharos.bench.overhead import main_overhead
 
     return main_overhead(args.rest)
 
@@ -341,9 +338,8 @@ DOCTOR_LOG_LINES = 200_000
 
 
 async def _docker_log(reactor: IReactorTime, container: str) -> list[bytes] | None:
-    """A container's log as it is now (``docker://NAME`` feeds), read once through the Engine
-    API on ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when it
-    cannot be read."""
+    """A container's log now (``docker://NAME`` feeds), read once through the Engine API on
+    ``DOCKER_HOST`` or the local socket; None, with the reason on stderr, when unreadable."""
     from pharos.discovery.docker import DockerAPI, DockerLogFeed, socket_from_env
 
     path, why = socket_from_env(os.environ)

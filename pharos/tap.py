@@ -22,8 +22,7 @@ LOG_LEVELS = ("info", "debug")
 
 
 class Options(usage.Options):
-    """``twistd pharos -c FILE`` (or ``--demo``): a config that does not parse never starts
-    the service."""
+    """``twistd pharos -c FILE`` (or ``--demo``): a config that does not parse never starts."""
 
     optParameters = [["config", "c", None, "the Pharos config file (YAML)"],
                      ["log-level", None, "info",

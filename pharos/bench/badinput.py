@@ -1,22 +1,18 @@
-"""``pharos bench overhead --bad-input``: Pharos under the issue's bad input (issue 16, "Bad
-input"), reported, never asserted.
+"""``pharos bench overhead --bad-input``: Pharos under slow and idle clients, reported, never
+asserted.
 
-Pharos (``twistd pharos``, its default timeouts unless ``--idle`` or ``--request-body`` is
-given) in front of the floor's vLLM double, Pharos pinned to core 0 and the engine and this
-process (the clients) to core 1 as in ``--floor``. Two phases after a baseline of one fast
-client's chat latency:
+Pharos (default timeouts unless ``--idle`` or ``--request-body``) before the floor's vLLM
+double, pinned as in ``--floor``. After a baseline of one fast client's chat latency:
 
-1. ``slow``: 1,000 connections whose request heads arrive whole and whose bodies then come a
-   byte a second, and one connection sending its head a byte a second, for ``--slow-seconds``.
-   Reported: the header trickler's status and when it came (``timeouts.request_headers``), how
-   many body tricklers Pharos had cut (it cuts them at ``timeouts.request_body``), Pharos's
-   RSS, and the fast client's latency meanwhile.
-2. ``idle``: 10,000 keep-alive connections, 2,000 of them after one chat and the rest never
-   sending a byte; Pharos's RSS with all of them open, the fast client's latency while they
-   are held, then how many Pharos closed, and when, once ``timeouts.idle`` passed.
+1. ``slow``: 1,000 connections sending whole heads, then their bodies a byte a second, and one
+   sending its head a byte a second: the header trickler's status and when
+   (``timeouts.request_headers``), the body tricklers cut (``timeouts.request_body``), Pharos's
+   RSS, the fast client's latency.
+2. ``idle``: 10,000 keep-alive connections, 2,000 after one chat, the rest silent: Pharos's RSS,
+   the fast client's latency while held, then how many Pharos closed, and when, once
+   ``timeouts.idle`` passed.
 
-The fast client is one keep-alive connection sending the floor's tiny chat one after another;
-its p50/p99 during a phase against the baseline is "other clients unaffected".
+The fast client's p50/p99 during a phase against the baseline is "other clients unaffected".
 """
 
 from __future__ import annotations
@@ -46,8 +42,8 @@ from pharos.bench.floor import (
     request_bytes,
     rss_mb,
 )
+from pharos.bench.pick import machine
 from pharos.config import DEFAULT_IDLE, DEFAULT_REQUEST_BODY, DEFAULT_REQUEST_HEADERS
-from pharos.sim.bench import machine
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -157,9 +153,8 @@ async def _slow_phase(port: int, pid: int, fast_raw: bytes, clients: int,
 
 async def _idle_phase(port: int, pid: int, fast_raw: bytes, connections: int, used: int,
                       idle: float) -> dict[str, Any]:
-    """``connections`` keep-alive connections, the first ``used`` after one chat each, the
-    rest never sending a byte; held while a fast client is measured, then until Pharos
-    closes them."""
+    """``connections`` keep-alive connections, ``used`` of them after one chat, the rest
+    silent; held while a fast client is measured, then until Pharos closes them."""
     raw = request_bytes(port, _chat())
     conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     rss0 = rss_mb(pid)

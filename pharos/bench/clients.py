@@ -1,5 +1,5 @@
-"""Traffic sent as several API keys (issue 11's fair-queue benchmark): who sends which part of a
-workload, as which key, in which tenant.
+"""Traffic sent as several API keys, for the fair queue: who sends which part of a workload, as
+which key, in which tenant.
 
 A *clients file* (YAML) names client groups and, optionally, tenants::
 
@@ -13,14 +13,12 @@ A *clients file* (YAML) names client groups and, optionally, tenants::
         count: 1                # keys in the group: NAME, or NAME-000 ... when more than one
         key: shared             # optional: send as this key instead (the one-key baseline)
 
-Each group's requests are the workload generated on their own at ``rate * share`` with a seed
-drawn from the run's seed and the group's name, then merged by send time: a group sends the very
-same requests whatever the other groups send (a light key alone and the same light key beside a
-heavy one). A group of several keys deals its requests to them round robin. The keys' secrets
-are ``pharos-bench-<key name>``, fixed and public: this is a benchmark, not an account;
-``access_yaml`` is the ``keys:``/``tenants:`` part of Pharos's config, holding their SHA-256,
-and a usage journal (``journal.jsonl`` beside the config: each request's key and its engine-leg
-TTFT, so a client's TTFT splits into the wait in Pharos and the engine's part).
+Each group's requests are generated on their own at ``rate * share`` with a seed drawn from the
+run's seed and the group's name, then merged by send time, so a group sends the same requests
+whatever the others send. A group of several keys deals its requests round robin. The secrets
+are ``pharos-bench-<key name>``, fixed and public (a benchmark, not an account);
+``access_yaml`` is the ``keys:``/``tenants:`` part of Pharos's config, with a usage journal
+whose engine-leg TTFT splits a client's TTFT into the wait in Pharos and the engine's part.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from pharos.sim.workloads import Request, generate
+from pharos.bench.workloads import Request, generate
 
 #: The prefix of every benchmark key's secret.
 SECRET_PREFIX = "pharos-bench-"

@@ -1,12 +1,10 @@
 """``pharos bench compare``: every policy on the same requests, each run on a fresh fleet.
 
-For each rate, each seed (a repetition with its own workload) and each policy, innermost so
-that any drift of the machine over a long comparison falls on every policy alike: fresh engine
-doubles, and for a Pharos policy a fresh Pharos in front of them, then the same requests at the
-same times (one workload per rate and seed), the warm-up discarded, everything stopped, one
-result file per run at ``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The baselines
-``round-robin``, ``random``, ``p2c`` and ``prefix-hash`` are Pharos policies (issue 17): they
-go through Pharos like ``cost`` (same admission, fair queue, retries and overhead), so a
+For each rate, each seed and each policy (innermost, so machine drift falls on every policy
+alike): fresh engine doubles, for a Pharos policy a fresh Pharos in front, then the same
+requests at the same times, the warm-up discarded, one result file per run at
+``OUT/<workload>/<rate>/<policy>-seed<N>.json``. The baselines ``round-robin``, ``random``,
+``p2c`` and ``prefix-hash`` are Pharos policies: they go through Pharos like ``cost``, so a
 comparison differs in the decision alone. Only the peer baseline ``prefix-aware``
 (production-stack's router) is the harness dispatching straight to the engines.
 Medians over seeds are the report's business.
@@ -47,10 +45,10 @@ from pharos.bench.run import (
     workload_args,
 )
 from pharos.bench.summary import Slo
+from pharos.bench.workloads import Request, multi_model
 from pharos.config import POLICIES
 from pharos.engine.library import OLLAMA
 from pharos.sim.double import KINDS
-from pharos.sim.workloads import Request, multi_model
 
 #: Every policy ``compare`` can run: Pharos's own (baselines included), then the harness's
 #: dispatch baselines that Pharos has no policy for.
@@ -105,10 +103,8 @@ def served_models(kind: str, engine_args: Sequence[str], names: Sequence[str],
 
 
 def _same_run(path: Path, spec: dict[str, Any]) -> bool:
-    """Whether ``path`` already holds the result of the run ``spec`` describes. ``spec`` is
-    compared as the result file stores it (through JSON): a tuple in it (``--workload-arg
-    prompt_tokens=[2000,2000]`` parses to one) reads back as a list, and without the round trip
-    no such run was ever found done."""
+    """Whether ``path`` already holds the result of the run ``spec`` describes, compared
+    through JSON as the file stores it (a tuple in ``spec`` reads back as a list)."""
     doc = read_result(path)
     if doc is None:
         return False
@@ -168,8 +164,7 @@ class Comparison:
         return 1 if self.failed else 0
 
     def _traffic(self, base: RunSpec) -> tuple[list[Request], list[Sender] | None]:
-        """The workload of ``base`` and its senders, generated once for all the policies of a
-        rate and seed."""
+        """The workload of ``base`` and its senders, made once per rate and seed."""
         key = (base.rate, base.seed)
         if self._workload is None or self._workload[0] != key:
             self._workload = (key, base.traffic())
@@ -331,8 +326,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main_compare(argv: Sequence[str], reactor: IReactorCore) -> int:
-    """``pharos bench compare ...`` on ``reactor`` (the console script passes the global
-    one)."""
+    """``pharos bench compare ...`` on ``reactor``."""
     a = parser().parse_args(argv)
     if a.engines < 1:
         parser().error("--engines must be at least 1")

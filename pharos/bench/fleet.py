@@ -1,10 +1,8 @@
 """A fresh simulated fleet for one comparison run: ``engines`` engine doubles, each its own
-``pharos sim-engine`` process (as real engines are separate processes; see contrib/bench's
-README for the measurement behind this choice), and, for a Pharos policy, a fresh Pharos
-(twistd) with a generated config naming that policy, answering ``/healthz`` 200 before the run;
-or several instances of it, peers of each other when asked (a secret file and every instance
-listed in ``peers.members``), each with a state file when asked, any of which can be restarted
-mid-run (``Fleet.restart``).
+``pharos sim-engine`` process (as real engines are separate processes), and, for a Pharos
+policy, a fresh Pharos with a generated config naming that policy, answering ``/healthz`` 200
+before the run; or several instances, peers of each other when asked, each with a state file
+when asked, any of which can be restarted mid-run (``Fleet.restart``).
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ from pharos.bench.processes import (
 
 #: Path every engine double answers 200 on once it serves (vLLM, llama.cpp and Ollama alike).
 ENGINE_READY = "/v1/models"
-#: Seconds a restarted instance has to drain and exit before SIGKILL (its drain grace, 5 s by
-#: default, and the streams in flight).
+#: Seconds a restarted instance has to drain (5 s grace, then its streams) before SIGKILL.
 RESTART_GRACE = 60.0
 
 
@@ -52,8 +49,7 @@ class FleetSpec:
     capacity: int | None = None
     #: The ``keys:``/``tenants:`` sections of Pharos's config (``None``: no keys, open).
     access: str | None = None
-    #: Pharos instances side by side, each in front of every engine (the harness is their
-    #: round-robin balancer).
+    #: Pharos instances, each in front of every engine (the harness balances round robin).
     instances: int = 1
     #: The instances are each other's peers.
     peers: bool = False
@@ -198,10 +194,9 @@ class Processes:
         return next(c for c in self.children if c.name == name)
 
     async def restart(self, k: int, grace: float = RESTART_GRACE) -> dict[str, Any]:
-        """SIGTERM instance ``k``, wait until it exits (SIGKILL after ``grace`` seconds),
-        start it again with the same config and wait for ``/healthz`` 200. What happened, as
-        reactor times: ``term_at``, ``exited_at``, ``healthy_at`` (``None`` if it did not come
-        back; ``error`` says why)."""
+        """SIGTERM instance ``k``, wait for its exit (SIGKILL after ``grace`` seconds), start it
+        again with the same config and wait for ``/healthz`` 200. Reactor times: ``term_at``,
+        ``exited_at``, ``healthy_at`` (``None``: it did not come back; ``error`` says why)."""
         instances = len(self._argv)
         name = instance_name(k, instances)
         event: dict[str, Any] = {"instance": k, "url": self.pharos_urls[k],

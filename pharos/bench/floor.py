@@ -1,29 +1,21 @@
-"""``pharos bench overhead --floor``: Pharos against the floor of its own stack (issue 16
-items 1, 2 and 4), reported, never asserted.
+"""``pharos bench overhead --floor``: Pharos against the floor of its own stack, reported, never
+asserted.
 
-In one run, on the same engine double (a vLLM double whose prefill and decode take no time):
-the engine directly; ``web``, a bare ``twisted.web`` resource answering a canned reply itself
-(no engine leg: what serving a request costs on Twisted); ``web-agent``, a minimal
-``twisted.web`` resource relaying through Twisted's ``Agent``; ``klein-treq``, the same as a
-Klein route through treq; and Pharos (``twistd pharos``, default config). Each router is its
-own process pinned to core 0 with ``taskset``; the engines and this process (the load) are
-pinned to core 1, so router figures compare on one core.
+On one vLLM double whose prefill and decode take no time: the engine directly; ``web``, a bare
+``twisted.web`` resource answering itself; ``web-agent``, one relaying through ``Agent``;
+``klein-treq``, a Klein route through treq; and Pharos. Each router is its own process pinned
+to core 0 with ``taskset``; the engines and the load are pinned to core 1.
 
-For each: the added p50/p99 latency of a tiny non-streamed chat (one output token) at one
-client, the requests alternating over the routers so load on the machine hits all alike; and
-at 32 concurrent clients (closed loop, keep-alive) the throughput and the router process's CPU
-time per request (``/proc/PID/stat``), several rounds interleaved, the median reported. Each
-process's CPU with no request (Pharos scrapes its engine every second) is measured over
-``IDLE_SECONDS`` first; the ``_net`` figures subtract it.
+For each: the added p50/p99 latency of a tiny chat at one client, alternating over the routers
+so machine load hits all alike; and at 32 keep-alive clients the throughput and the router's
+CPU per request (``/proc/PID/stat``), rounds interleaved, median reported. Each process's idle
+CPU (Pharos scrapes its engine every second), taken over ``IDLE_SECONDS`` first, is subtracted
+in the ``_net`` figures. ``--stream-tokens N`` adds the gaps between SSE events of a streamed
+chat, direct and through Pharos; ``--soak N`` sends N requests through Pharos and reports its
+RSS after a warm-up, at the end and at most.
 
-``--stream-tokens N`` adds a streamed chat of N tokens from a second double that decodes a
-token every ``--stream-decode-ms``: the gaps between the SSE events as the client receives
-them, directly and through Pharos (p50/p99), and the time from first to last event.
-``--soak N`` sends N requests through Pharos at 32 clients after the floor and reports its RSS
-after a warm-up, at the end and at most (``/proc/PID/status`` VmRSS), sampled every second.
-
-The load is this process: raw HTTP/1.1 over keep-alive sockets (blocking for one client,
-asyncio for 32), so the client's own cost is the same small constant for every router.
+The load is raw HTTP/1.1 over keep-alive sockets (blocking for one client, asyncio for 32), so
+the client's own cost is the same small constant for every router.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pharos.sim.bench import machine, percentile
+from pharos.bench.pick import machine, percentile
 
 ROUTERS = ("web", "web-agent", "klein-treq", "pharos")
 #: Seconds with no request over which each process's background CPU is measured (``_net``
@@ -142,9 +134,8 @@ class Client:
 
 
 def stream_gaps(port: int, body: bytes) -> tuple[list[float], float]:
-    """One streamed request on its own connection (``Connection: close``): the gaps in
-    seconds between SSE events as received (events read together have gap 0), and the
-    seconds from the first event to the last."""
+    """One streamed request on its own connection (``Connection: close``): the seconds between SSE
+    events as received (0 for events read together), and from the first to the last."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     arrivals: list[tuple[float, int]] = []
@@ -481,7 +472,7 @@ def _soak(port: int, pid: int, total: int, clients: int) -> dict[str, Any]:
             "req_per_s": round(total / wall, 1), "cpu_ms_per_request": round(cpu / total * MS, 3),
             "rss_after_warmup_mb": round(start, 1), "rss_end_mb": round(end, 1),
             "rss_max_mb": round(max(samples), 1), "rss_growth_mb": round(end - start, 1),
-            "limits": "RSS <= 100 MB, growth < 10 MB (issue 16 item 4)",
+            "limits": "RSS <= 100 MB, growth < 10 MB",
             "within_limits": max(samples) <= 100 and end - start < 10}
 
 

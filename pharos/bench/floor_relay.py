@@ -1,13 +1,11 @@
-"""The floor's relays for ``pharos bench overhead --floor`` (issue 16 item 1): the least a
-router on Pharos's stack can do for one request, each run as its own process.
+"""The floor's relays for ``pharos bench overhead --floor``: the least a router on Pharos's
+stack can do for one request, each run as its own process.
 
-- ``web``: a bare ``twisted.web`` resource that answers a canned chat reply itself, no engine
-  leg: what serving one HTTP request costs on Twisted.
-- ``web-agent``: a ``twisted.web`` resource relaying the request body to the engine through
-  Twisted's ``Agent`` on a persistent ``HTTPConnectionPool`` and the reply back (status,
-  content type, body).
-- ``klein-treq``: the same as a Klein route through a treq ``HTTPClient`` over an ``Agent`` on
-  a persistent pool, as Pharos's engine leg is built.
+- ``web``: a bare ``twisted.web`` resource answering a canned chat reply itself, no engine leg.
+- ``web-agent``: a ``twisted.web`` resource relaying to the engine through ``Agent`` on a
+  persistent ``HTTPConnectionPool``.
+- ``klein-treq``: the same as a Klein route through treq on a persistent pool, as Pharos's
+  engine leg is built.
 
 Both relays read the whole engine reply before answering (the floor's chat is not streamed).
 Run: ``python -m pharos.bench.floor_relay MODE PORT [ENGINE_URL]``.

@@ -1,13 +1,9 @@
-"""``pharos bench memory``: what the bounded tables cost when full (spec §15), reported, never
-asserted.
+"""``pharos bench memory``: what the bounded tables cost when full, reported, never asserted.
 
-Two figures. The prefix index at its default capacity, measured in process with
-``tracemalloc`` for two shapes of traffic: one-link records (each request a new one-message
-chat, so no two entries share a slot: the worst case) and conversations (chats of 2 to 16
-messages over 64 shared system prompts, recorded on 3 targets, so the roots hold several
-slots). And the RSS of a process holding Pharos's service tree (the one ``twistd pharos``
-builds, not started) with every default cap full: the index, the session table and the hot
-roots; it is a child process so nothing of this one's counts.
+The prefix index at its default capacity, under ``tracemalloc``, for one-link records (each
+request a new one-message chat: the worst case) and conversations (2 to 16 messages over 64
+shared system prompts on 3 targets). And the RSS of a child process holding Pharos's service
+tree (not started) with every default cap full: the index, the session table, the hot roots.
 """
 
 from __future__ import annotations
@@ -23,8 +19,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+from pharos.bench.pick import machine
 from pharos.prefix import DEFAULT_CAPACITY, PrefixIndex, chain
-from pharos.sim.bench import machine
 
 #: System prompts shared by the conversations.
 ROOTS = 64

@@ -1,14 +1,13 @@
-"""Sending a workload open loop: every request at its scheduled time, whatever the earlier ones
-are doing, so a server that falls behind cannot slow the offered load down, and timing every
-request from its *scheduled* time, so neither a queue at the server nor a late send by the
-harness itself can hide (no coordinated omission).
+"""Sending a workload open loop: every request at its scheduled time whatever the earlier ones
+are doing, so a server that falls behind cannot slow the offered load, and timed from its
+*scheduled* time, so neither a queue at the server nor a late send can hide (no coordinated
+omission).
 
-Each request goes to ``/v1/chat/completions`` of one base URL: Pharos's, or, for the cache-blind
-baselines, one of several engines picked here, round robin or at random (seeded, decided before
-the run, so the same seed sends the same requests to the same engines). Every request is bounded:
-``timeout`` seconds after its scheduled time it is cancelled and recorded as a timeout, so a run
-ends by itself at most ``timeout`` after the last scheduled time. Failures become records
-(refused, disconnected, HTTP status), never exceptions.
+Each request goes to ``/v1/chat/completions`` of one base URL: Pharos's, or for the cache-blind
+baselines one of several engines picked here (seeded, before the run, so a seed sends the same
+requests to the same engines). ``timeout`` seconds after its scheduled time a request is
+cancelled and recorded as a timeout, so a run ends by itself. Failures become records, never
+exceptions.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from pharos.bench.records import (
     RequestRecord,
 )
 from pharos.bench.stream import StreamReader
+from pharos.bench.workloads import Request
 from pharos.engine.fetch import make_client
-from pharos.sim.workloads import Request
 
 #: Where every request goes.
 CHAT_PATH = "/v1/chat/completions"
@@ -87,11 +86,10 @@ def next_available(urls: Sequence[str], target: str, up: Callable[[str], bool]) 
 def prefix_aware(urls: Sequence[str], requests: Sequence[Request], rng: random.Random
                  ) -> list[str]:
     """production-stack's ``PrefixAwareRouter`` (vllm_router routing_logic.py and
-    prefix/hashtrie.py): the messages' contents joined by newlines, cut in 128-character
-    chunks; the engines recorded at the deepest chunk of the prompt seen before (every engine
-    when none was); one of them at random, load ignored; the prompt's chunks recorded for it.
-    Its trie never forgets (it assumes no eviction) and it reads no engine state, so its choices
-    depend on the requests alone and are made here, before the run, in send order."""
+    prefix/hashtrie.py): the contents joined by newlines in 128-character chunks; a random one
+    of the engines recorded at the deepest chunk seen before (every engine when none), load
+    ignored; the prompt recorded for it. Its trie never forgets and reads no engine state, so
+    its choices depend on the requests alone and are made here, before the run."""
     seen: dict[int, set[str]] = {}
     out: list[str] = []
     for r in requests:
@@ -138,15 +136,13 @@ def new_pool(reactor: IReactorTime) -> HTTPConnectionPool:
 class OpenLoop:
     """One run of ``requests`` against ``urls``.
 
-    ``reactor`` makes the connections; ``clock`` (default: the reactor) schedules the sends and
-    timeouts and reads the times, so a test can drive time by hand while the bytes move on real
-    sockets. ``warmup``: requests scheduled before it are sent but marked ``warmup``.
-    ``on_change`` is called after every send and every end (for a progress line).
-    ``senders``, one per request when given, say who sends it: its ``Authorization`` header
-    and its record's ``client`` and ``key``. ``available``, when given, says whether a base
-    URL is up right now: a request whose URL is down goes to the next one that is up
-    (``next_available``), as a load balancer skips an instance failing its health check;
-    a connection refused there (nothing was sent) is tried on the next URL up, each URL once.
+    ``clock`` (default: ``reactor``) schedules sends and timeouts and reads the times, so a
+    test can drive time by hand while bytes move on real sockets. Requests scheduled before
+    ``warmup`` are marked ``warmup``. ``on_change`` runs after every send and end (a progress
+    line). ``senders``, one per request, give its ``Authorization`` header and its record's
+    ``client`` and ``key``. ``available`` says whether a base URL is up now: a request whose
+    URL is down goes to the next one up (``next_available``), as a load balancer does, and a
+    refused connection (nothing sent) is tried on the next URL up, each URL once.
     """
 
     def __init__(

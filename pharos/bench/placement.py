@@ -1,33 +1,21 @@
-"""``pharos bench placement``: model placement on simulated multi-model fleets (issue 15 item 5).
+"""``pharos bench placement``: model placement on simulated multi-model fleets.
 
-Virtual time, not loopback: each host is a simulated engine's behaviour model
-(``pharos.sim.double.EngineDouble`` without its sockets: the Ollama-like ``SlotModel`` that
-loads a cold model after unloading the least recently used idle ones, or the llama-swap-like
-one that holds one model and swaps in arrival order), its status bodies rendered by the
-double's own flavor (``/api/ps``, ``/api/tags``, ``/running``), and Pharos's real ``State`` and
-``Scheduler`` polling and routing them, everything on one ``twisted.internet.task.Clock``
-(as ``pharos.sim.swaps.run_swaps`` does). The same seed gives the same run on any machine,
-however loaded, and 1,000 requests at 1.2 req/s take seconds instead of 14 minutes.
+Virtual time, not loopback: each host is an engine double's behaviour model without sockets
+(the Ollama-like ``SlotModel``, or the llama-swap-like one swapping in arrival order), its
+status bodies rendered by the double's flavor, and Pharos's real ``State`` and ``Scheduler``
+polling and routing them, all on one ``Clock``: the same seed gives the same run anywhere.
 
-Each request of the ``multi-model`` workload (Zipf model popularity) arrives at its time,
-asks the scheduler for a lease (one fair-queue key: arrival order), is submitted to the
-leased host's engine model, tells the lease its first byte at its first token and releases
-it at its end with the sample the proxy would build (TTFT, duration, the engine's prefill and
-Ollama's ``load_duration``; llama-swap's ``/v1`` reports no load time). TTFT is from the
-request's arrival to its first token (Pharos's own overhead is not in virtual time).
+Each ``multi-model`` request (Zipf popularity) takes a lease at its time (one fair-queue key),
+runs on the leased host's model, and releases the lease with the sample the proxy would build.
+TTFT is from arrival to first token.
 
-Policies: ``cost`` (Pharos, placement on), the Pharos baseline policies ``random`` and
-``round-robin`` (same admission and fair queue, the decision alone differs), and
-``loaded-first``, NOMYO router's rule, dispatched by the harness straight to the engines (no
-router queue; the engines queue): a host with the model loaded and fewer of its requests in
-flight than its slots, the least busy of them, else the least busy host (ties by the seed).
-It reads each engine's residency as it is (NOMYO polls ``/api/ps``; reading it exactly only
-helps it). It is the harness's because Pharos has no such policy (``pharos.policy``'s
-baselines read no residency).
+Policies: ``cost`` (placement on), the baselines ``random`` and ``round-robin`` (only the
+decision differs), and ``loaded-first``, NOMYO router's rule, dispatched by the harness
+straight to the engines: the least busy host with the model loaded and a free slot, else the
+least busy host, reading residency exactly (only helping it); Pharos has no such policy.
 
-Counted per run: requests served, cold loads (every load the engines started, swaps
-included), TTFT percentiles overall and per model, and every ``SAMPLE_SEC`` the hosts each
-model is loaded on (the chart). ``report`` turns the runs into the goals table.
+Counted per run: requests served, cold loads (swaps included), TTFT percentiles overall and
+per model, and every ``SAMPLE_SEC`` the hosts each model is loaded on.
 """
 
 from __future__ import annotations
@@ -47,6 +35,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
+from pharos.bench.workloads import Request, multi_model
 from pharos.config import Backend as BackendSpec
 from pharos.engine.fetch import Fetched
 from pharos.engine.library import LLAMASWAP, OLLAMA
@@ -64,7 +53,6 @@ from pharos.sim.model import (
     Job,
 )
 from pharos.sim.slots import SlotModel
-from pharos.sim.workloads import Request, multi_model
 from pharos.state.state import State
 from pharos.state.stats import Sample
 
@@ -135,8 +123,7 @@ class RunResult:
     placement: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     #: Requests Pharos dispatched to a target it saw cold (None: the harness's dispatch).
     cold_dispatches: int | None = None
-    #: Victims Pharos named to the hosts before a cold load (``Lease.unload``; None: the
-    #: harness's dispatch).
+    #: Victims Pharos named before a cold load (``Lease.unload``; None: harness dispatch).
     unloads: int | None = None
 
     @property
@@ -346,10 +333,8 @@ def tail_models(cfg: FleetConfig) -> list[str]:
 
 
 def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
-    """One run's figures: loads per 1,000, p50/p95 TTFT, tail models' p95 and fair wait.
-
-    A tail model's fair wait: what its request waits if it pays one load on top of what
-    the run's resident (head) models' requests wait at p95: ``load_s + p95(head)``."""
+    """One run's figures: loads per 1,000, p50/p95 TTFT, tail models' p95 and fair wait
+    (one load on top of the resident models' p95: ``load_s + p95(head)``)."""
     served = [t for t in run.ttft if t is not None]
     tails = set(tail_models(cfg))
     pairs = [(t, m) for t, m in zip(run.ttft, run.models, strict=True) if t is not None]
@@ -368,7 +353,7 @@ def summarize(cfg: FleetConfig, run: RunResult) -> dict[str, Any]:
 
 
 def goals(cfg: FleetConfig, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals over the seeds (medians of each run's figure): cost's loads per
+    """The placement goals over the seeds (medians of each run's figure): cost's loads per
     1,000 at most 1/5 of random's, p95 at most half the best baseline's, p50 no worse than
     the best baseline's, tail p95 within 2x of the fair wait."""
     def med(policy: str, key: str) -> float | None:

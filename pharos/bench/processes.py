@@ -1,10 +1,9 @@
-"""Child processes of a comparison: engine doubles (``pharos sim-engine``) and Pharos (twistd),
-started on the reactor, waited for until they answer, and stopped with bounded waits.
+"""Child processes of a comparison: engine doubles and Pharos, started on the reactor, waited for
+until they answer, and stopped with bounded waits.
 
-Each child writes its stdout and stderr to a log file of its own. An engine double listens on
-a port the kernel picks and prints its URL (``... listening on http://...``); Pharos gets a free
-port chosen here. Stopping sends SIGTERM, then SIGKILL if the process has not ended within the
-grace time; only processes started here are ever signalled.
+Each child logs to a file of its own. An engine double listens on a port the kernel picks and
+prints its URL; Pharos gets a free port chosen here. Stopping sends SIGTERM, then SIGKILL after
+the grace time; only processes started here are ever signalled.
 """
 
 from __future__ import annotations
@@ -57,9 +56,8 @@ def free_port() -> int:
 
 
 class Child(ProcessProtocol):
-    """One child process: its output goes to ``log``; ``url`` fires with the first URL it
-    prints after ``listening on`` (when it ``announces`` one); ``ended`` fires with its exit
-    status."""
+    """One child process: its output goes to ``log``; ``url`` fires with the first URL it prints
+    after ``listening on`` (when it ``announces`` one); ``ended`` fires with its exit status."""
 
     def __init__(self, name: str, log: BinaryIO, announces: bool = True) -> None:
         self.name = name
@@ -99,8 +97,7 @@ class Child(ProcessProtocol):
         return not self.ended.called
 
     def cpu_seconds(self) -> float | None:
-        """User and system CPU time the process has used so far (Linux ``/proc``), or
-        ``None`` when unknown."""
+        """User and system CPU seconds used so far (Linux ``/proc``), or ``None`` when unknown."""
         pid = getattr(self.transport, "pid", None)
         if pid is None:
             return None
@@ -135,8 +132,7 @@ def spawn(reactor: IReactorProcess, name: str, argv: Sequence[str], log_path: Pa
 
 async def wait_until(reactor: IReactorTime, child: Child, url: str, pool: HTTPConnectionPool,
                      timeout: float = START_TIMEOUT) -> None:
-    """Poll ``GET url`` until it answers 200; ``StartError`` when ``child`` ends or
-    ``timeout`` passes first."""
+    """Poll ``GET url`` until 200; ``StartError`` if ``child`` ends or ``timeout`` passes first."""
     deadline = reactor.seconds() + timeout
     while True:
         if not child.running:

@@ -17,10 +17,9 @@ NO_TOKEN = "no_token"
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One scheduled request and what became of it. Times are seconds; ``at`` and ``sent``
-    count from the start of the run, ``ttft`` and ``e2e`` from the *scheduled* time ``at`` (so a
-    late send or a queue anywhere shows), ``lag`` is ``sent - at``. ``None`` is unknown (not
-    measured, or not reported by the engine), never 0."""
+    """One scheduled request and what became of it. Seconds; ``at`` and ``sent`` from the run's
+    start, ``ttft`` and ``e2e`` from the *scheduled* ``at`` (so a late send or a queue shows),
+    ``lag`` is ``sent - at``. ``None`` is unknown, never 0."""
 
     index: int
     at: float
@@ -28,8 +27,7 @@ class RequestRecord:
     model: str
     max_tokens: int
     session: str | None = None
-    #: The client group that sent it and the API key it sent, when the run names clients
-    #: (``pharos.bench.clients``).
+    #: The client group and API key that sent it, when the run names clients (``clients``).
     client: str | None = None
     key: str | None = None
     #: Scheduled before the warm-up ended: sent, but left out of the summary.

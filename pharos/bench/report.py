@@ -1,11 +1,10 @@
 """``pharos bench report DIR --out REPORT_DIR``: result files alone turned into ``report.md``
-(a table per workload, rows policy × rate, medians over the seeds) and PNG charts of p99 TTFT
-and goodput against offered load, saying per workload which policy wins (computed here).
+(per workload a table of policy × rate, medians over the seeds) and PNG charts of p99 TTFT and
+goodput against offered load, with each workload's winner.
 
 A policy wins p99 TTFT at a rate with the lowest median p99 among the runs that failed at most
-``MAX_ERROR_SHARE`` of their requests (latency is measured over successful requests only, so a
-policy that drops requests must not win by it); it wins hit rate with the highest median prefix
-hit rate. The workload's winner is the policy that wins at the most rates.
+``MAX_ERROR_SHARE`` of their requests (latency counts successes only, so dropping requests must
+not win); it wins hit rate with the highest median. The workload's winner wins the most rates.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""Several Pharos instances in one run, and restarting one of them mid-run (issue 13 item 7).
+"""Several Pharos instances in one run, and restarting one of them mid-run.
 
 With ``--instances N`` the harness is the round-robin load balancer in front of N instances;
-with ``--restart K@T`` instance K gets SIGTERM T seconds into the run, is waited for, and is
-started again with the same config (its peers, its state file). While an instance is down the
-harness behaves like a load balancer: a ``HealthWatch`` polls every instance's ``/healthz`` and
-a request whose round-robin turn falls on an instance that answers 503 or refuses the
-connection goes to the next one that is up (``pharos.bench.openloop.next_available``).
+with ``--restart K@T`` instance K gets SIGTERM T seconds in, is waited for and started again
+with the same config. Meanwhile a ``HealthWatch`` polls every ``/healthz`` and a request whose
+turn falls on an instance that is down goes to the next one up (``next_available``).
 
-How fast a restarted instance routes well again is read from the records alone
-(``restart_summary``): its hit rate over its first probe interval after ``/healthz`` answered
-200 again, against its own hit rate before the restart.
+``restart_summary`` reads from the records alone how fast a restarted instance routes well
+again: its hit rate over its first probe interval after ``/healthz`` answered 200, against
+its own hit rate before.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from pharos.bench.records import RequestRecord
 from pharos.bench.summary import hit_rate
 from pharos.periodic import Periodic
 
-#: Seconds of one probe interval: a full scrape round (spec §4, every 5 s), the window over
+#: Seconds of one probe interval: a full scrape round (every 5 s), the window over
 #: which a restarted instance's hit rate is measured once it is back.
 PROBE_INTERVAL: Final = 5.0
 #: Seconds between two health polls of one instance.
@@ -88,12 +86,10 @@ def per_instance(records: Sequence[RequestRecord], urls: Sequence[str]) -> dict[
 
 def restart_summary(records: Sequence[RequestRecord], events: Sequence[Mapping[str, Any]],
                     warmup: float, interval: float = PROBE_INTERVAL) -> list[dict[str, Any]]:
-    """For each restart that came back (``events``: ``url``, ``term_at``, ``healthy_at`` in
-    seconds from the run's start): the instance's hit rate ``before`` (its requests sent
-    between the warm-up's end and SIGTERM), ``after`` (sent in the first ``interval`` seconds
-    after ``/healthz`` answered 200 again), the other instances' hit rate over the same
-    ``after`` window, and ``regained`` = after / before (``None`` when either is unknown or
-    before is 0)."""
+    """For each restart that came back (``events``: ``url``, ``term_at``, ``healthy_at``): the
+    instance's hit rate ``before`` (sent between the warm-up's end and SIGTERM), ``after``
+    (sent in the first ``interval`` seconds after ``/healthz`` answered 200 again), the others'
+    over that window, and ``regained`` = after / before (``None``: unknown, or before is 0)."""
     out = []
     for e in events:
         row: dict[str, Any] = {k: e.get(k) for k in ("instance", "url", "term_at", "exited_at",
@@ -114,11 +110,10 @@ def restart_summary(records: Sequence[RequestRecord], events: Sequence[Mapping[s
 
 
 class HealthWatch:
-    """Polls ``/healthz`` of each base URL every ``interval`` seconds; ``up(url)`` is whether
-    its last definite answer was 200: another status or a refused connection is down, a poll
-    that times out changes nothing (on a loaded machine a healthy instance can answer late,
-    and a balancer marks an instance down only on evidence). Every URL counts as up until its
-    first poll answers."""
+    """Polls each base URL's ``/healthz`` every ``interval`` seconds; ``up(url)``: its last
+    definite answer was 200. Another status or a refused connection is down; a timed-out poll
+    changes nothing (a loaded healthy instance can answer late, and a balancer marks an
+    instance down only on evidence). Every URL is up until its first poll answers."""
 
     def __init__(self, reactor: IReactorTime, urls: Sequence[str], pool: HTTPConnectionPool,
                  interval: float = HEALTH_POLL) -> None:

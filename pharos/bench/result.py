@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pharos
+from pharos.bench.pick import machine
 from pharos.bench.records import RequestRecord
-from pharos.sim.bench import machine
 
 #: Bumped only when a field changes meaning; readers ignore fields they do not know.
 FORMAT = 1

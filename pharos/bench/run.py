@@ -1,6 +1,5 @@
 """``pharos bench run``: one open-loop run of a seeded workload against Pharos or, with several
-``--url`` and ``--dispatch``, straight against engines (the cache-blind baselines), written to
-one result file."""
+``--url`` and ``--dispatch``, straight against engines, written to one result file."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from pharos.bench.openloop import DEFAULT_TIMEOUT, DISPATCH, OpenLoop
 from pharos.bench.progress import Progress
 from pharos.bench.result import environment, result_document, write_result
 from pharos.bench.summary import DEFAULT_SLO_TPOT, DEFAULT_SLO_TTFT, Slo, summarize
-from pharos.sim.workloads import WORKLOADS, Request, generate
+from pharos.bench.workloads import WORKLOADS, Request, generate
 
 
 @dataclass(frozen=True)
@@ -86,10 +85,9 @@ async def execute(reactor: IReactorTime, spec: RunSpec, requests: Sequence[Reque
                   started: Callable[[OpenLoop], None] | None = None,
                   senders: Sequence[Sender] | None = None,
                   available: Callable[[str], bool] | None = None) -> dict[str, Any]:
-    """Run ``spec`` (its workload, or ``requests`` and their ``senders`` when the caller
-    generated them already) on ``reactor``; the result document. ``extra`` joins the spec (the
-    fleet that served it); ``started`` sees the run as it begins (to abort it, or to schedule
-    restarts); ``available`` makes the harness skip base URLs that are down (``OpenLoop``)."""
+    """Run ``spec`` (or the caller's ``requests`` and ``senders``) on ``reactor``; the result
+    document. ``extra`` joins the spec (the fleet); ``started`` sees the run begin (to abort
+    it, or schedule restarts); ``available`` skips base URLs that are down (``OpenLoop``)."""
     if requests is None:
         reqs, senders = spec.traffic()
     else:
@@ -137,9 +135,8 @@ def describe(summary: dict[str, Any]) -> str:
 
 
 def workload_args(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as generator keyword arguments: a value is read as JSON when it is
-    JSON (``cv=4``, ``prompt_tokens=[50,100]``, lists becoming the generators' ranges), else
-    as a string (``arrivals=gamma``)."""
+    """``KEY=VALUE`` pairs as generator keyword arguments: a value is JSON when it parses (``cv=4``,
+    ``prompt_tokens=[50,100]``: lists become ranges), else a string (``arrivals=gamma``)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")

@@ -1,14 +1,12 @@
-"""Reading one streamed chat reply (server-sent events) as it arrives: when its first token
-came, its usage, and how it ended.
+"""Reading one streamed chat reply as it arrives: when its first token came, its usage, and how
+it ended.
 
-The first token is the first event that carries one generated token (``pharos.sim.wire.
-is_token_event``, the rule the engine doubles are built on): not the role chunk that opens a
-vLLM or llama.cpp stream with empty or null content (vLLM sends it when the first token is
-ready, a slower server may send it earlier), but an empty-text chunk that vLLM sends for a token
-ending inside a UTF-8 sequence does count. Usage is read with ``pharos.engine.usage.
-parse_usage``, the parse Pharos itself uses, so each engine's fields (vLLM's
-``prompt_tokens_details.cached_tokens``, llama.cpp's ``timings.cache_n``) mean the same here.
-After the first token only events that can carry usage or an error are decoded.
+The first token is the first event carrying a generated token (``pharos.sim.wire.
+is_token_event``, the doubles' rule): not the role chunk opening a vLLM or llama.cpp stream
+with empty content, but vLLM's empty-text chunk for a token ending inside a UTF-8 sequence
+does count. Usage is read with ``pharos.engine.usage.parse_usage``, Pharos's own parse, so
+each engine's fields mean the same here. After the first token only events that can carry
+usage or an error are decoded.
 """
 
 from __future__ import annotations

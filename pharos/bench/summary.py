@@ -1,10 +1,8 @@
-"""The statistics of one run, computed from its request records alone (so a report can
-recompute them from a result file).
+"""The statistics of one run, from its request records alone (so a report can recompute them).
 
-Requests scheduled inside the warm-up window were sent (the fleet saw them and their caches
-warmed) but are not counted. Rates divide by the measured window, ``duration - warmup``: the
-span over which the counted requests were offered, so goodput equals the offered rate when every
-request meets the SLO.
+Requests scheduled inside the warm-up were sent (caches warmed) but are not counted. Rates
+divide by ``duration - warmup``, the span the counted requests were offered over, so goodput
+equals the offered rate when every request meets the SLO.
 """
 
 from __future__ import annotations
@@ -126,9 +124,8 @@ def summarize(
 
 
 def per_client(counted: Sequence[RequestRecord], window: float) -> dict[str, Any]:
-    """One client group's part of a run (its counted requests): how many, how many were
-    served, their TTFT and end-to-end latency, and what it was served per second (requests and
-    output tokens), so groups can be set side by side."""
+    """One client group's counted requests: how many, how many served, their TTFT and
+    end-to-end latency, and requests and output tokens served per second."""
     ok = [r for r in counted if r.ok]
     output = sum(r.completion_tokens or 0 for r in ok)
     errors = Counter(r.error or f"http_{r.status}" for r in counted if not r.ok)

@@ -1,14 +1,11 @@
-"""The decision log (issue 12 item 4): one JSON line per routing decision of a sampled
-request, with every candidate's signals and cost terms, the guard that set one aside, the
-winner, the reason and the estimated TTFT; and, when the request ends, one line with what
-happened (measured TTFT, cached tokens, status), joined by ``request_id``.
+"""The decision log: one JSON line per routing decision of a sampled request, with every
+candidate's signals and cost terms, the guard that set one aside, the winner, the reason and
+the estimated TTFT; and at the end one line of what happened, joined by ``request_id``.
 
-Sampling is by request id (a hash of it against ``sample_rate``), so every attempt of a
-sampled request is logged and none of an unsampled one. Lines go through ``Journal``: built
-on the reactor thread only for sampled requests, handed to a writer thread in batches (every
-half second or so, never a thread round trip per line) through a bounded buffer that drops
-and counts when the disk falls behind. No prompt text: candidates, numbers, names of
-backends and models.
+Sampling hashes the request id against ``sample_rate``, so every attempt of a sampled request
+is logged and none of an unsampled one. Lines go through ``Journal``: built on the reactor
+thread for sampled requests only, handed to a writer thread in batches through a bounded
+buffer that drops and counts when the disk falls behind. No prompt text.
 """
 
 from __future__ import annotations

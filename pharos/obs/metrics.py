@@ -1,20 +1,17 @@
 """``/metrics``: Pharos's series in Prometheus's text format.
 
-``Metrics`` subscribes to the proxy's ``on_done`` (every finished request's ``Done``) and to
-the state's ``on_decision`` (background rounds), and keeps plain in-memory counters and
-histograms: recording a request is a few dict increments, no lock, no prometheus-client
-object on the hot path. A scrape runs one custom collector over a private
-``CollectorRegistry``: it copies those counters and reads the state, the scheduler and the
-targets as they are now, so series of a removed backend are gone with it and a scrape sees
-one consistent instant (the reactor is single-threaded and the collector never yields).
-``MetricsPage`` serves it synchronously (not ``prometheus_client.twisted``, which imports the
+``Metrics`` subscribes to the proxy's ``on_done`` and the state's ``on_decision`` and keeps
+plain in-memory counters and histograms: recording a request is a few dict increments, no
+lock, no prometheus-client object on the hot path. A scrape runs one custom collector over a
+private ``CollectorRegistry`` that copies those counters and reads the state as it is now, so
+a removed backend's series are gone and a scrape sees one instant (the collector never
+yields). ``MetricsPage`` serves it synchronously (``prometheus_client.twisted`` imports the
 global reactor and collects in a thread).
 
 Label values are bounded: ``key`` is a configured key name (``anonymous`` without keys,
-``none`` for a request without a valid key), ``model`` a model some backend has listed, every
-other name ``unknown`` (a client sending a million made-up names makes one series), and
-``stage``/``outcome`` come from the fixed ``DECISIONS`` table. Escaping of what remains (a
-backend's version string, a listed model name with quotes) is prometheus-client's.
+``none`` without a valid key), ``model`` a model some backend listed, else ``unknown`` (a
+million made-up names make one series), and ``stage``/``outcome`` come from ``DECISIONS``.
+Escaping of what remains is prometheus-client's.
 """
 
 from __future__ import annotations
@@ -125,8 +122,6 @@ class Metrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    # --- recording ---------------------------------------------------------------------
-
     def model_label(self, model: str, served: bool) -> str:
         """``model`` when a backend lists (or listed) it, else ``unknown``."""
         if model in self._known:
@@ -180,8 +175,6 @@ class Metrics(Collector):
     def decision(self, backend: BackendState, stage: str, outcome: str) -> None:
         """A background round's decision (``State.on_decision``)."""
         self.decisions[(stage, outcome)] += 1
-
-    # --- the collector -------------------------------------------------------------------
 
     def describe(self) -> Iterable[Metric]:
         return ()

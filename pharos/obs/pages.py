@@ -1,6 +1,5 @@
-"""The operator's pages, ``/status``, ``/live``, ``/live/map.js`` and ``/live/events``, as
-their own Klein app; the public tree mounts it behind its admin check (``pharos.proxy.site``,
-open when no keys are configured)."""
+"""The operator's pages, ``/status``, ``/live``, ``/live/map.js`` and ``/live/events``, as their own
+Klein app, mounted behind the public tree's admin check (open without keys)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The debug request line (spec §13 Logs, issue 12 item 5): one log event per finished
-request, at debug level, on with ``twistd pharos --log-level debug``.
-
-The line carries the request id (the client's ``x-request-id`` when well formed), key, model,
-target, reason, the decisions as ``stage=outcome`` pairs, status, TTFT, overhead, queue wait
-and duration; never prompt text (``Done`` holds none). The event's fields carry the same
-values for a JSON log observer.
+"""The debug request line: one log event per finished request at debug level (``twistd pharos
+--log-level debug``), with the request id, key, model, target, reason, the decisions as
+``stage=outcome`` pairs, status, TTFT, overhead, queue wait and duration; never prompt text.
+The event's fields carry the same values for a JSON log observer.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""``/status``: one server-rendered page of what Pharos knows now (spec §13, issue 12 item 2).
+"""``/status``: one server-rendered page of what Pharos knows now.
 
-Each backend with its kind, version and resolved plan (the data ``pharos doctor`` shows), the
-age of its rounds, each target's residency, load signals (unknown shown as unknown, never 0),
-in-flight, capacity with its source and learned speeds; the last requests (from an ``on_done``
-subscriber's ring buffer) and usage by key. Rendered with ``twisted.web.template``, which
-escapes every string it is given: model names, key names and probe labels come from clients and
-engines. No prompt text reaches the page: the records it reads carry none.
+Each backend with its kind, version and resolved plan, the age of its rounds, each target's
+residency, load signals (unknown shown as unknown, never 0), in-flight, capacity with its
+source and learned speeds; the last requests and usage by key. ``twisted.web.template``
+escapes every string: model names, key names and probe labels come from clients and engines.
+No prompt text reaches the page: the records it reads carry none.
 """
 
 from __future__ import annotations
@@ -50,10 +49,8 @@ margin:.6em 0}.unknown{color:#999;font-style:italic}.own{color:#a50}.down{color:
 
 
 def done_fields(record: Any) -> dict[str, Any]:
-    """The fields of ``DONE_FIELDS`` from a finished request's record, a dict or an object
-    with those attribute names (``pharos.proxy.done.Done``); missing ones are None. Times in
-    seconds (``Done.ttft``, ``Done.duration``) stand in for missing ``ttft_ms`` and
-    ``duration_ms``."""
+    """The ``DONE_FIELDS`` of a finished request's record, a dict or a ``Done``; missing ones are
+    None. ``Done.ttft`` and ``Done.duration`` (seconds) stand in for missing ``*_ms``."""
     def get(name: str) -> Any:
         if isinstance(record, Mapping):
             return record.get(name)

@@ -1,1 +1,1 @@
-"""The public HTTP side of Pharos: Klein routes, request parsing, forwarding (spec §9)."""
+"""The public HTTP side of Pharos: Klein routes, request parsing, forwarding."""

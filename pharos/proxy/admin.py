@@ -1,25 +1,21 @@
-"""The admin API's documents: the config in effect, a JSON merge patch of it,
-each backend's plan, signals and learned estimates, and the prefix index's census.
+"""The admin API's documents: the config in effect, a JSON merge patch of it, each backend's
+plan, signals and learned estimates, and the prefix index's census.
 
-``GET /admin/config`` shows the running config written back in the file's own shape
-(``to_document``, generated from the config's dataclasses; ``parse_config`` of it gives the
-running config again, checked before every patch), with every secret redacted (``redact``:
-keys' SHA-256 hashes and the password of a URL that carries one; the peers' secret is never in
-the config, only its file's path), and the config generation (bumped by every applied reload
-or patch).
+``GET /admin/config`` shows the running config in the file's own shape (``to_document``;
+``parse_config`` of it gives the running config again, checked before every patch), every
+secret redacted (``redact``: keys' hashes and a URL's password; the peers' secret is never in
+the config, only its file's path), and the config generation.
 
-``PATCH /admin/config`` takes an RFC 7386 JSON merge patch (``merge_patch``) of that document
-and applies it the way a reload applies the file (``pharos.reload``): the merged document is
-parsed by ``config.parse_config``, compared with the running config by ``config.reload_diff``
-and put in force by ``config.with_live``. It is refused whole, nothing applied, when it does
-not parse, names an unknown field, or changes a field that needs a restart (422 with every
-error). A patch lives in memory only: the file's next change (or ``POST /admin/reload``,
-SIGHUP) reads the file again and its values replace the patched ones.
+``PATCH /admin/config`` takes an RFC 7386 merge patch of that document and applies it as a
+reload applies the file: ``parse_config``, ``reload_diff``, ``with_live``. It is refused whole
+(422 with every error) when it does not parse, names an unknown field, or changes a field that
+needs a restart. A patch lives in memory only: the file's next change (or ``POST
+/admin/reload``, SIGHUP) reads the file again and its values replace the patched ones.
 
 Merge-patch semantics: an object merges, anything else (lists included) replaces, ``null``
-removes a field (so it takes its default; a guard that only ``null`` turns off cannot be turned
-off by a merge patch: edit the file). A key sent back with its hash still ``<redacted>`` keeps
-the running key's hash (matched by name).
+removes a field (so it takes its default; a guard only ``null`` turns off cannot be turned off
+by a merge patch: edit the file). A key sent back with its hash still ``<redacted>`` keeps the
+running key's hash (matched by name).
 """
 
 from __future__ import annotations
@@ -103,10 +99,9 @@ class Patched:
 
 @dataclass
 class ConfigAdmin:
-    """The config in effect and its patches. ``current``: the running config; ``apply``: put
-    a config in force as a reload does (``PharosService.reconfigure`` plus the file watcher's
-    idea of the running config, so the file's next change is compared with the patched one);
-    ``generation``: the config generation; ``path``: the config file, if any."""
+    """The config in effect and its patches. ``apply`` puts a config in force as a reload does
+    (also as the file watcher's running config, so the file's next change is compared with
+    the patched one); ``path``: the config file, if any."""
 
     current: Callable[[], Config]
     apply: Callable[[Config], None]
@@ -263,10 +258,8 @@ def _target(state: State, sched: Scheduler, t: Target) -> dict[str, Any]:
 def index_document(census: IndexCensus, index: PrefixIndex, state: State, listed: int,
                    key_of: Callable[[int], str | None], gen_of: Callable[[int], int | None]
                    ) -> dict[str, Any]:
-    """``GET /admin/index``: entries, capacity, bytes (an estimate: the tables, keys, slot
-    tuples and distinct slot ints), per target the entries a lookup can match (and stale
-    ones), and the ``listed`` most recently used entries as hashes (no prompt text exists in
-    the index to show)."""
+    """``GET /admin/index``: entries, capacity, estimated bytes, per target the entries a lookup can
+    match (and stale ones), the ``listed`` most recent entries as hashes (no prompt text)."""
     targets = state.targets
     rows = []
     for tid in sorted(set(census.current) | set(census.stale)):

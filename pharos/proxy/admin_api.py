@@ -58,8 +58,6 @@ class AdminAPI:
     #: Reads the config file again (``pharos.reload``); None without a config file.
     reload_config: Callable[[], Reloaded] | None = None
 
-    # --- usage -----------------------------------------------------------------------------
-
     @app.route("/usage", methods=["GET"])
     def usage(self, request: Request) -> bytes:
         """Usage per day by key, model or tenant (admin): ``from``/``to`` dates in
@@ -97,12 +95,9 @@ class AdminAPI:
         return reply(request, 200, {"from": from_day.isoformat(), "to": to_day.isoformat(),
                                     "by": by, "rows": rows})
 
-    # --- explain ---------------------------------------------------------------------------
-
     @app.route("/admin/explain/<path:route>", methods=["POST"])
     def explain(self, request: Request, route: str) -> bytes:
-        """What the policy would do with this request now; routes nothing, changes nothing.
-"""
+        """What the policy would do with this request now; routes nothing, changes nothing."""
         path = "/" + route.lstrip("/")
         if path not in EXPLAIN_ROUTES:
             known = ", ".join(sorted(EXPLAIN_ROUTES))
@@ -114,8 +109,6 @@ class AdminAPI:
         doc = explain(self.sched, path, parsed, session_of(request, parsed), self.seed())
         return reply(request, 200, doc)
 
-    # --- shadow policies -------------------------------------------------------------------
-
     @app.route("/admin/shadow", methods=["GET"])
     def shadow_stats(self, request: Request) -> bytes:
         """The shadow policies' agreement and estimated gain per model and policy, what was
@@ -123,8 +116,6 @@ class AdminAPI:
         if self.shadow is None:
             return reply(request, 200, {"tallies": [], "dropped": 0, "errors": {}})
         return reply(request, 200, self.shadow.doc())
-
-    # --- admin API (``pharos.proxy.admin``) ------------------------------------------------
 
     @app.route("/admin/config", methods=["GET"])
     def admin_config(self, request: Request) -> bytes:
@@ -155,9 +146,8 @@ class AdminAPI:
 
     @app.route("/admin/index", methods=["GET"])
     async def admin_index(self, request: Request) -> bytes:
-        """The prefix index: entries, bytes, per target the entries a lookup can match;
-        ``?list=N``: the N most recent entries as hashes (admin). Counted a shard per reactor
-        turn."""
+        """The prefix index: entries, bytes, per target the entries a lookup can match; ``?list=N``:
+        the N most recent entries as hashes (admin). Counted a shard per reactor turn."""
         listed = listed_count(request.args)
         targets = self.state.targets
 
@@ -176,8 +166,6 @@ class AdminAPI:
         assert census is not None
         return reply(request, 200, index_document(census, self.sched.index, self.state,
                                                   listed, key_of, gen_of))
-
-    # --- reload ----------------------------------------------------------------------------
 
     @app.route("/admin/reload", methods=["POST"])
     def reload(self, request: Request) -> bytes:

@@ -1,12 +1,10 @@
-"""Admission and settling: the usage stage of the request path (spec §11, DESIGN §4).
+"""Admission and settling: the usage stage of the request path.
 
 Before a request is queued it reserves its estimated tokens against its key's and tenant's
 daily budgets, then counts against their requests-per-minute windows (in that order, so a
-request the RPM window refuses holds no tokens and a request the budget refuses is not
-counted against the window). When the exchange ends, the reservation is settled with the
-reply's usage (a reply the engine served, whose counts the tap read or, unknown, counted as
-unmetered) or released (no reply reached the client: refused, failed, or the client left
-before the engine answered).
+request the RPM window refuses holds no tokens and one the budget refuses is not counted).
+When the exchange ends the reservation is settled with the reply's usage (read by the tap, or
+unknown and counted as unmetered) or released when no reply reached the client.
 """
 
 from __future__ import annotations

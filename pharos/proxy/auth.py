@@ -1,14 +1,14 @@
-"""Who is calling (spec §10 keys): the presented API key becomes an ``Identity``.
+"""Who is calling: the presented API key becomes an ``Identity``.
 
 Keys are stored only as the SHA-256 of the secret (``pharos keys new``); a request's key is
-hashed and looked up in a dict that a reload swaps whole (``Keyring`` is immutable), so a
-lookup never sees half a key set and costs one hash whatever the key set's size. The lookup
-compares digests, never the secret, so its time says nothing about how much of a guess was
-right; the found entry's digest is compared again with ``hmac.compare_digest``.
+hashed and looked up in a dict a reload swaps whole (``Keyring`` is immutable), so a lookup
+never sees half a key set and costs one hash. The lookup compares digests, never the secret,
+so its time says nothing of how much of a guess was right; the found entry's digest is
+compared again with ``hmac.compare_digest``.
 
-Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, the ollama client's headers) or
-``x-api-key: KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is
-``anonymous`` and may do everything, as before keys existed.
+Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, ollama's client) or ``x-api-key:
+KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is ``anonymous``
+and may do everything.
 """
 
 from __future__ import annotations
@@ -120,9 +120,8 @@ class Keyring:
 
 def presented_key(request: IRequest) -> bytes | None:
     """The key a request presents: ``Authorization: Bearer KEY`` (or ``Basic`` with the key
-    as the password, as a browser sends it), else ``x-api-key``. Surrounding whitespace is
-    the header's, not the key's; a malformed Authorization (another scheme, no key, a key
-    with spaces inside) is a 401 naming the form expected."""
+    as password, as a browser sends it), else ``x-api-key``; surrounding whitespace is the
+    header's. A malformed Authorization is a 401 naming the form expected."""
     auth = request.getHeader(b"authorization")
     if auth is not None:
         parts = auth.strip().split(None, 1)

@@ -1,4 +1,4 @@
-"""Request bodies bounded while they arrive (DESIGN §4 step 2).
+"""Request bodies bounded while they arrive.
 
 twisted.web reads the whole body before dispatch, spilling anything over 100 kB to a temporary
 file. Pharos keeps bodies in memory (no disk I/O on the hot path) and stops reading one at its
@@ -15,7 +15,7 @@ from twisted.web.server import Request
 
 from pharos.proxy.errors import is_ollama_path, too_large
 
-#: Default body limit (room for base64 images), spec §9.
+#: Default body limit (room for base64 images).
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -74,8 +74,7 @@ class BoundedRequest(Request):
 
 def bounded_request_factory(limit: int, on_too_large: Callable[[Request, bytes], None] | None
                             = None) -> type[BoundedRequest]:
-    """A request class with its own limit (the site's requestFactory), telling
-    ``on_too_large`` of each 413."""
+    """A request class with its own limit, telling ``on_too_large`` of each 413."""
     return type("BoundedRequest", (BoundedRequest,),
                 {"max_body": limit, "on_too_large": staticmethod(on_too_large)
                  if on_too_large is not None else None})

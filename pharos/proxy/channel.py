@@ -1,15 +1,13 @@
 """The public listener's HTTP/1.1 channel, hardened at the protocol level.
 
-twisted.web answers what it cannot parse (a bad Content-Length or Transfer-Encoding, NUL bytes
-in a header, too many or too large headers) with a bare ``400`` and no body; a request head
-whose lines end in a bare LF is never split into lines, so it waits for the idle timeout; and
-the idle timer restarts on every byte, so a client sending one header byte every 20 s is never
-cut off. This channel answers every protocol error in JSON (in the error shape of the route
-when the request line got that far), refuses bare-LF heads at once, gives a request head
-``timeouts.request_headers`` to arrive whole and its body ``timeouts.request_body`` after it,
-and tells HTTP/1.0 clients the connection closes after the reply (twisted.web never keeps one
-open). An idle keep-alive connection is closed after ``timeouts.idle`` (the site's
-``timeOut``).
+twisted.web answers what it cannot parse (bad Content-Length or Transfer-Encoding, NUL in a
+header, too many or too large headers) with a bare ``400``; never splits a head whose lines end
+in a bare LF, so it waits for the idle timeout; and restarts the idle timer on every byte, so a
+client sending one header byte every 20 s is never cut off. This channel answers every protocol
+error in JSON (in the route's error shape when the request line got that far), refuses bare-LF
+heads at once, gives a head ``timeouts.request_headers`` to arrive whole and its body
+``timeouts.request_body`` after it, and tells HTTP/1.0 clients the connection closes after the
+reply. An idle keep-alive connection is closed after ``timeouts.idle`` (the site's ``timeOut``).
 """
 
 from __future__ import annotations
@@ -115,10 +113,9 @@ class PharosChannel(HTTPChannel):
 
 
 class PublicSite(Site):
-    """The public site: ``PharosChannel``s, every request handed to ``track`` (the drain
-    counts them) before its resource is found, and no access log (one debug line per request
-    belongs to obs, without prompt text). ``idle``: seconds an idle keep-alive connection
-    stays open."""
+    """The public site: ``PharosChannel``s, every request handed to the drain's ``track``
+    before its resource is found, and no access log (obs writes one debug line per request,
+    without prompt text). ``idle``: seconds an idle keep-alive connection stays open."""
 
     def __init__(self, resource: IResource, *, track: Callable[[Request], None] | None = None,
                  head_deadline: float = DEFAULT_REQUEST_HEADERS,

@@ -1,28 +1,24 @@
-"""``/v1/responses`` conversation state on the request path (issue 17 item 6, seed 003).
+"""``/v1/responses`` conversation state on the request path.
 
-With ``responses.store`` on, a request naming ``previous_response_id`` has it expanded here,
-before admission and routing: the stored conversation's items (its input and its reply's
-output items) go in front of the request's ``input``, ``previous_response_id`` is removed, and
-the body is encoded again, so admission counts and the prefix index follows the whole
-conversation and an engine that keeps no state (llama.cpp refuses the field) serves the
-turn. ``instructions`` are not carried from turn to turn (OpenAI's rule): each
-request sends its own.
+With ``responses.store`` on, a request naming ``previous_response_id`` is expanded here, before
+admission and routing: the stored conversation's items (its input and its reply's output
+items) go in front of the request's ``input``, the field is removed and the body re-encoded, so
+admission and the prefix index see the whole conversation and an engine that keeps no state
+(llama.cpp refuses the field) serves the turn. ``instructions`` are not carried over (OpenAI's
+rule).
 
-A request with ``store: true`` (explicitly: OpenAI's default of true is not assumed, so
-nothing is kept that the client did not ask to keep) is store-eligible: its reply passes
-through ``Capture``, which keeps at most ``max_bytes`` of it (for a stream only the
-``response.completed`` or ``response.incomplete`` event), and once the reply ended cleanly the
-conversation is stored under the reply's own ``id``, the one the client got (Pharos does not
-mint or rewrite ids). Not stored: a reply over the cap, an error, a reply cut mid-stream or
-left by the client, a stream without its final event, a reply without a string id, an id the
-tenant already holds. The bytes the client gets are never changed by the capture, and no
-other request is captured.
+A request with an explicit ``store: true`` (OpenAI's default of true is not assumed: nothing is
+kept that the client did not ask to keep) is store-eligible: its reply passes through
+``Capture``, which keeps at most ``max_bytes`` (for a stream only the ``response.completed`` or
+``response.incomplete`` event), and once the reply ended cleanly the conversation is stored
+under the reply's own ``id`` (Pharos mints and rewrites no ids). Not stored: a reply over the
+cap, an error, a cut or abandoned reply, a stream without its final event, a reply without a
+string id, an id the tenant already holds. The capture never changes the client's bytes.
 
-Ids are looked up for the caller's tenant only: an id that is not held for it (never stored,
-expired, dropped, another tenant's, forged) is one 404 with one message, so nothing tells
-whether it exists elsewhere. With ``responses.store`` off, ``previous_response_id`` is a 400
-saying so (llama.cpp would refuse it; an engine that ignored it would answer without the
-context).
+Ids are looked up for the caller's tenant only: an id not held for it (never stored, expired,
+dropped, another tenant's, forged) is one 404 with one message, so nothing tells whether it
+exists elsewhere. With ``responses.store`` off, ``previous_response_id`` is a 400 saying so (an
+engine that ignored it would answer without the context).
 """
 
 from __future__ import annotations
@@ -150,8 +146,7 @@ class Capture:
         self._parts, self._size, self._final = [], 0, None
 
     def response(self) -> dict[str, Any] | None:
-        """The finished reply's response object, or None (over the cap, not finished, not
-        decodable)."""
+        """The finished reply's response object, or None (over the cap, unfinished, undecodable)."""
         if self.over:
             return None
         try:
@@ -204,9 +199,8 @@ class Turn:
 
 
 def _as_message(item: Any) -> Any:
-    """An input item as the chain hashes it: a message is its role and its text, as an
-    engine's chat template sees it (an output item's id, status and part types are not
-    prompt); any other item as it is."""
+    """An input item as the chain hashes it: a message is its role and text, as an engine's chat
+    template sees it (an output item's id, status and part types are not prompt); others as is."""
     if type(item) is not dict or not isinstance(item.get("role"), str):
         return item
     content = item.get("content")
@@ -226,9 +220,8 @@ class ConversationState:
 
     def parse(self, raw: bytes, who: Identity, resolve: Resolve | None
               ) -> tuple[Parsed, Turn | None]:
-        """The request as routing sees it (expanded when it names a previous response) and
-        the turn to store, if it is store-eligible; 400/404 in OpenAI's shape for a
-        previous response that cannot be used."""
+        """The request as routing sees it (expanded when it names a previous response) and the turn
+        to store, if store-eligible; 400/404 in OpenAI's shape for an unusable previous response."""
         parsed = parse(raw, RESPONSES_PATH, resolve)
         store = self.store
         body = parsed.body

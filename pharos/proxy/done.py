@@ -1,13 +1,13 @@
-"""A finished request as one immutable record (DESIGN §4 "finish"; spec §13).
+"""A finished request as one immutable record.
 
 The proxy builds one ``Done`` per data-plane request, whatever became of it (refused at
 admission, answered, failed, left), and hands it to every ``PublicAPI.on_done`` subscriber:
 the metrics, the usage journal, the debug request line, and the status page and live map as
 they come. Subscribers read it; none of them is imported by the proxy.
 
-``DECISIONS`` is the fixed table of spec §13's ``stage`` and ``outcome`` values (one truth:
-the metrics pre-declare every pair from it, and a test checks every value the request path
-records is in it). A new branch gets a row here in the same change.
+``DECISIONS`` is the fixed table of ``stage`` and ``outcome`` values (one truth: the metrics
+pre-declare every pair from it, and a test checks every value the request path records is in
+it). A new branch gets a row here in the same change.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ if TYPE_CHECKING:
     from pharos.proxy.exchange import Exchange
     from pharos.proxy.parse import Parsed
 
-#: Spec §13's decision table: every stage and its fixed outcomes. Request-path stages are
-#: recorded on ``Done.decisions``; ``resolve``, ``scrape`` and ``generation`` come from the
-#: state's background rounds (``State.on_decision``). ``upstream`` ``timed_out`` (no first
-#: byte within ``timeouts.first_byte``) and ``load`` ``victims_unloaded`` / ``unload_failed``
-#: (the idle models Pharos named for a cold load unloaded first, or not all of them:
-#: ``pharos.proxy.unload``) are Pharos's own additions to the spec's list.
+#: The decision table: every stage and its fixed outcomes. Request-path stages are recorded
+#: on ``Done.decisions``; ``resolve``, ``scrape`` and ``generation`` come from the state's
+#: background rounds (``State.on_decision``). ``upstream`` ``timed_out``: no first byte within
+#: ``timeouts.first_byte``; ``load`` ``victims_unloaded`` / ``unload_failed``: the idle models
+#: named for a cold load were unloaded first, or not all of them (``pharos.proxy.unload``).
 DECISIONS: Final[dict[str, tuple[str, ...]]] = {
     "admission": ("ok", "unauthorized", "bad_request", "too_large", "model_not_allowed",
                   "rate_limited", "quota_exceeded"),
@@ -67,9 +66,8 @@ _REFUSALS: Final = {
 }
 
 
-#: Fresh request ids: 128 random bits from a generator seeded from the OS once (and again in a
-#: forked child), not a ``getrandom`` system call per request. An id names a request; it is
-#: no secret.
+#: Fresh request ids: 128 random bits from a generator seeded from the OS once (again in a
+#: forked child), not a ``getrandom`` call per request. An id names a request; no secret.
 _IDS = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
 
@@ -87,43 +85,35 @@ def request_id(request: Request) -> str:
 class Done:
     """One finished request; never prompt text, only names, numbers and fixed values.
 
-    Identity and what was asked:
-      ``request_id``: the client's ``x-request-id`` (well formed) or one Pharos made; the
-      reply carries it. ``key``: the key's configured name (``anonymous`` without keys;
-      ``None``: no valid key, a 401). ``tenant``: its tenant (``None`` with no key).
-      ``model``: the model as the client named it (``""`` when the body was not read or had
-      none: a subscriber that makes labels of it must bound it, as the metrics do).
-      ``route``: the request path (``/v1/chat/completions``, ``/api/chat``, ...).
+    Identity and what was asked: ``request_id``, the client's ``x-request-id`` (well formed)
+    or one Pharos made; the reply carries it. ``key``: the key's configured name
+    (``anonymous`` without keys; ``None``: no valid key, a 401); ``tenant`` its tenant.
+    ``model``: as the client named it (``""`` when not read or absent: a subscriber making
+    labels of it must bound it, as the metrics do). ``route``: the request path.
 
-    Where it went and why:
-      ``target``: the URL of the backend whose reply went to the client (``None``: none did).
-      ``target_model``: that target's model as Pharos names it. ``reason``: the policy's
-      reason for that target, for people (``None`` without a target). ``decisions``: every
-      branch it took as ``(stage, outcome)`` pairs in order, from ``DECISIONS`` (route, queue
-      and upstream once per attempt; a retried request has two of each). ``attempts``: leases
-      taken.
+    Where it went and why: ``target``, the URL of the backend whose reply went to the client
+    (``None``: none did); ``target_model``, its model as Pharos names it; ``reason``, the
+    policy's reason, for people. ``decisions``: every branch taken as ``(stage, outcome)``
+    pairs in order, from ``DECISIONS`` (route, queue and upstream once per attempt).
+    ``attempts``: leases taken.
 
-    How it ended:
-      ``status``: the HTTP status the client got (``CLIENT_CLOSED``, 499, when the client left
-      first). ``outcome``: the exchange's ending (``ok``, ``error_status``,
-      ``connect_failed``, ``died_mid_reply``, ``client_left``, ``timed_out``,
-      ``pharos_error``; ``None`` when refused before the exchange).
+    How it ended: ``status``, the HTTP status the client got (``CLIENT_CLOSED``, 499, when the
+    client left first); ``outcome``, the exchange's ending (``ok``, ``error_status``,
+    ``connect_failed``, ``died_mid_reply``, ``client_left``, ``timed_out``, ``pharos_error``;
+    ``None`` when refused before the exchange).
 
-    Timings (seconds; ``None`` when it did not happen):
-      ``time``: when it ended (epoch seconds). ``ttft``: first engine byte less the send of
-      the attempt that answered. ``est_ttft``: the policy's estimate for that target.
-      ``overhead``: Pharos's own time from the route starting to the first upstream send,
-      queue wait excluded. ``queue_wait``: time in the fair queue over all attempts (0:
-      straight through). ``duration``: the route starting to the end of the reply.
+    Timings (seconds; ``None`` when it did not happen): ``time``, when it ended (epoch).
+    ``ttft``: first engine byte less the send of the attempt that answered; ``est_ttft`` the
+    policy's estimate. ``overhead``: Pharos's own time from the route starting to the first
+    upstream send, queue wait excluded. ``queue_wait``: time in the fair queue over all
+    attempts. ``duration``: the route starting to the end of the reply.
 
-    Usage and prediction:
-      ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``: as the engine reported
-      them (``None``: unknown). ``metered``: a reply went to the client with usage read.
-      ``predicted_tokens``: the prefix index's prediction for the target (0: none).
-      ``prediction_source``: where the predicting slot came from (``local``, ``peer``,
-      ``restored``). ``prefix``: the prediction against the engine's cached tokens (the
-      ``prefix`` decision; ``None`` when the request had no prefix chain or no reply).
-      ``policy``: the routing policy of the attempt that answered (``None``: no lease).
+    Usage and prediction: ``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` as the
+    engine reported them. ``metered``: a reply went to the client with usage read.
+    ``predicted_tokens``: the prefix index's prediction for the target (0: none), from a slot
+    of ``prediction_source`` (``local``, ``peer``, ``restored``). ``prefix``: the prediction
+    against the engine's cached tokens (``None`` without a prefix chain or a reply).
+    ``policy``: the routing policy of the attempt that answered (``None``: no lease).
     """
 
     time: float
@@ -159,7 +149,7 @@ class Done:
         return " ".join(f"{s}={o}" for s, o in self.decisions)
 
     def journal(self) -> dict[str, Any]:
-        """The usage journal's line (issue 11 item 5 keys, and the rest of the record)."""
+        """The usage journal's line: the key, tenant and counts, and the rest of the record."""
         return {
             "time": round(self.time, 3),
             "request_id": self.request_id,
@@ -212,8 +202,7 @@ class Trace:
                 ("usage", "pharos_asked" if parsed.pharos_asked_usage else "client_asked"))
 
     def refused(self, e: ApiError) -> None:
-        """A refusal before the exchange: its admission outcome (any other 4xx is a bad
-        request)."""
+        """A refusal before the exchange: its admission outcome (other 4xx: bad_request)."""
         if not self.admitted:
             self.decisions.append(("admission", _REFUSALS.get(e.code or "", "bad_request")))
 

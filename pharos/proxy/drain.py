@@ -1,14 +1,11 @@
 """Readiness and drain: what makes restarts and rolling updates invisible to clients.
 
 ``/healthz`` answers 503 until the state is restored and the first scrape round has finished
-(``Health``), and again from the first moment of a drain. ``Drain.run`` is the drain itself,
-on SIGTERM: ``/healthz`` turns 503 at once; requests are still accepted for ``drain.grace``
-so the load balancer notices; then the listener stops listening, idle keep-alive connections
-are closed and busy ones close after their reply; requests in flight get ``drain.timeout`` to
-finish, and whatever is still running then is cut. The service tree does the rest (the
-Leaving delta, the last state-file write, exit: ``pharos.tap``).
-
-The public site hands every request to ``Drain.track`` (``PublicSite``): one set insertion
+(``Health``), and from the first moment of a drain. ``Drain.run``, on SIGTERM: ``/healthz``
+turns 503; requests are still accepted for ``drain.grace`` so the load balancer notices; then
+the listener stops, idle keep-alive connections close and busy ones close after their reply;
+requests in flight get ``drain.timeout``, then the rest are cut. The service tree does the
+rest (``pharos.tap``). ``PublicSite`` hands every request to ``Drain.track``: one set insertion
 and one ``notifyFinish`` per request.
 """
 
@@ -102,9 +99,8 @@ class Drain:
         return d
 
     async def run(self, stop_listening: Callable[[], Deferred[None] | None]) -> None:
-        """The drain: 503 at once, ``grace`` seconds of requests as usual, the listener
-        closed (``stop_listening``), the requests in flight given ``timeout`` seconds, the
-        rest cut. Never fails."""
+        """The drain: 503 at once, ``grace`` seconds of requests as usual, the listener closed,
+        the requests in flight given ``timeout`` seconds, the rest cut. Never fails."""
         self.health.draining = True
         log.info("draining: /healthz answers 503; requests accepted for {grace:g} s more "
                  "(a second signal ends Pharos at once)", grace=self.grace)
@@ -163,10 +159,9 @@ class Drain:
 
 
 class HealthPage:
-    """``GET /healthz``, no key needed: 503 until the state is restored and the first scrape
-    round has finished, so a load balancer never sends traffic blind; 503 from the first
-    moment of a drain; 503 again while requests wait and none has started (nor a lease been
-    given back) for ``timeouts.queue_stuck``: a wedged scheduler is unhealthy."""
+    """``GET /healthz``, no key needed: 503 until restored and first scraped (a load balancer
+    never sends traffic blind), from the first moment of a drain, and while requests wait and
+    none has started (nor a lease been given back) for ``timeouts.queue_stuck``."""
 
     app = Klein()
     add_error_handling(app)
@@ -194,11 +189,9 @@ class HealthPage:
 
 
 def second_signal_ends(stopping: Callable[[], bool]) -> None:
-    """Wrap the reactor's SIGTERM and SIGINT handlers (call it once the reactor runs: it
-    installs them at start-up) so that a signal while Pharos stops, or after a first signal,
-    ends the process at once with that signal, as a second Ctrl-C should. Twisted's own
-    handler would only call ``reactor.stop`` again, which logs ``ReactorNotRunning`` and waits
-    out the drain."""
+    """Wrap the reactor's SIGTERM and SIGINT handlers (once the reactor runs: it installs them at
+    start-up) so a signal while Pharos stops, or a second one, ends the process at once; Twisted's
+    would only call ``reactor.stop`` again (``ReactorNotRunning``) and wait out the drain."""
     seen: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(signum)

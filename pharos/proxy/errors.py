@@ -1,5 +1,5 @@
-"""Errors shaped for the client that sent the request (spec §9, DESIGN §5): OpenAI routes get
-``{"error": {"message", "type", "code"}}``, Ollama routes ``{"error": "..."}``."""
+"""Errors shaped for the client that sent the request: OpenAI routes get ``{"error":
+{"message", "type", "code"}}``, Ollama routes ``{"error": "..."}``."""
 
 from __future__ import annotations
 

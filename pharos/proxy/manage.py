@@ -1,18 +1,17 @@
-"""Ollama's model management through Pharos (issue 17 item 7): ``/api/pull``, ``/api/push``,
-``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest`` (HEAD, POST).
+"""Ollama's model management through Pharos: ``/api/pull``, ``/api/push``, ``/api/create``,
+``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest`` (HEAD, POST).
 
-An admin's request goes to one Ollama backend, past the scheduler (it takes no slot and is
-not routed by model): the backend named by the ``x-pharos-backend`` header (its URL as the
-config or discovery gives it, e.g. ``http://10.0.0.5:11434``, or its ``host:port``), else the
-only Ollama backend that is up. Several up and none named: 409 naming them; none up: 409; a
-name that is no backend, or a backend that is not Ollama: 400 naming the choices; the named
+An admin's request goes to one Ollama backend, past the scheduler (no slot, no routing by
+model): the one the ``x-pharos-backend`` header names (its URL as config or discovery gives
+it, or its ``host:port``), else the only Ollama backend up. Several up and none named: 409
+naming them; none up: 409; no such backend, or not Ollama: 400 naming the choices; the named
 backend down: 503.
 
-Both bodies are streamed end to end: the request's through ``stream_body.BodyPipe`` (the
-route runs as soon as the head arrived), the reply's through ``relay.Relay`` with a pass-through
-tap (Ollama's pull, push and create progress is a JSON line at a time; a slow reader pauses
-the engine read). An engine reply that breaks off cuts the client's connection, never a clean
-end; a client that leaves mid-upload makes the engine's request fail mid-body.
+Both bodies are streamed end to end: the request's through ``stream_body.BodyPipe`` (the route
+runs once the head is in), the reply's through ``relay.Relay`` with a pass-through tap
+(progress is a JSON line at a time; a slow reader pauses the engine read). An engine reply
+that breaks off cuts the client's connection, never a clean end; a client leaving mid-upload
+makes the engine's request fail mid-body.
 """
 
 from __future__ import annotations

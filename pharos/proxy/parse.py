@@ -1,5 +1,4 @@
-"""Reading a client's request body once: the model, the prompt's size, streaming, and the
-body to forward (spec §9 Parse)."""
+"""Reading a client's request body once: model, prompt size, streaming, the body to forward."""
 
 from __future__ import annotations
 
@@ -12,16 +11,15 @@ from pharos.models import rewrite_model
 from pharos.prefix import EMPTY, Chain, chain, unfollowed
 from pharos.proxy import errors
 
-#: Routes whose prompt the prefix index follows (spec §6): chat messages or a prompt string.
+#: Routes whose prompt the prefix index follows: chat messages or a prompt string.
 CHAINED = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
                      "/v1/messages"})
 
 #: JSON nested deeper than this is refused (400): no client needs it, and walking it would
-#: recurse as deep (950 levels was a RecursionError, a 500, before this bound).
+#: recurse as deep (a RecursionError, a 500, near 1,000 levels).
 MAX_DEPTH = 128
 
-#: Estimated tokens per byte of decoded prompt text (the spec's assumption: 4 bytes a token,
-#: measured 2.8-6.2 across languages and code).
+#: Bytes of decoded prompt text per estimated token (real tokenizers: 2.8-6.2, by language).
 BYTES_PER_TOKEN = 4
 
 
@@ -121,11 +119,8 @@ def parse(raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
 
 def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> Parsed:
     """Decode a request body; malformed JSON or a missing model is a 400 in the client's shape.
-
-    A streamed chat completion that does not ask for usage gets
-    ``stream_options.include_usage`` set (keeping its other stream options), so every request
-    is metered; the tap strips the usage chunk from that client's stream.
-    """
+    A streamed chat completion not asking for usage gets ``stream_options.include_usage`` set,
+    so every request is metered; the tap strips the usage chunk from that client's stream."""
     if not isinstance(body, dict):
         raise errors.bad_json("expected a JSON object")
     model = body.get("model")
@@ -187,9 +182,8 @@ def _parse(body: Any, raw: bytes, path: str, resolve: Resolve | None = None) -> 
 
 
 #: Where each route family puts the output limit, in the order an engine reads them (OpenAI's
-#: chat: ``max_completion_tokens`` supersedes ``max_tokens``; Responses:
-#: ``max_output_tokens``; Anthropic: ``max_tokens``, required; Ollama: ``options.num_predict``,
-#: where -1 and -2 mean no limit).
+#: chat: ``max_completion_tokens`` over ``max_tokens``; Responses: ``max_output_tokens``;
+#: Anthropic: ``max_tokens``, required; Ollama: ``options.num_predict``, -1 and -2: no limit).
 def output_limit(body: dict[str, Any], path: str) -> int | None:
     """The most output tokens the client allows, or None when it sets no limit (a bad value
     is the engine's to refuse, and counts as none here)."""

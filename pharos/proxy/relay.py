@@ -1,5 +1,4 @@
-"""The engine leg: send a request with treq and relay its reply through the tap with
-backpressure both ways (DESIGN §4 steps 5-7, TWISTED.md B.2)."""
+"""The engine leg: a treq request, its reply relayed through the tap, backpressure both ways."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length",
     b"content-encoding",
 })
-#: A reply that sends nothing for this long is cut (Agent's timeouts end at the headers);
-#: config ``timeouts.stream_idle`` sets it.
+#: Seconds a silent reply is cut after (Agent's timeouts end at the headers); ``stream_idle``.
 IDLE_TIMEOUT = 120.0
 
 
@@ -100,12 +98,12 @@ def response_headers(response: IResponse) -> list[tuple[bytes, list[bytes]]]:
 class Relay(Protocol):
     """Writes each upstream chunk (through the tap) to the client as it arrives.
 
-    It is the upstream body's protocol and the client request's streaming producer: a client
-    whose socket is full pauses the engine read, so a slow reader costs only socket buffers.
-    ``done`` fires when the reply ended cleanly; it errbacks with ``CancelledError`` when the
-    client left (the engine's connection is closed, so the engine stops generating), with
-    ``Stalled`` when the engine sent nothing for ``idle_timeout`` seconds, and with
-    ``EngineDied`` when the reply broke off (or was ``abandon``-ed before its first byte).
+    The upstream body's protocol and the client request's streaming producer: a client whose
+    socket is full pauses the engine read, so a slow reader costs only socket buffers. ``done``
+    fires when the reply ended cleanly, or errbacks: ``CancelledError`` when the client left
+    (the engine connection is closed, so it stops generating), ``Stalled`` after
+    ``idle_timeout`` seconds of silence, ``EngineDied`` when the reply broke off (or was
+    ``abandon``-ed before its first byte).
     """
 
     def __init__(self, request: Request, tap: Tap, clock: IReactorTime,

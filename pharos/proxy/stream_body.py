@@ -1,22 +1,20 @@
-"""Request bodies piped to an engine as they arrive, for model management (issue 17 item 7).
+"""Request bodies piped to an engine as they arrive, for model management.
 
 twisted.web reads a request's whole body before it runs the route; a multi-GB blob upload
-(``POST /api/blobs/sha256:...``) must instead reach the engine as it arrives, holding bounded
-memory. For the model-management routes only (``streams``), the request class
-(``streaming_request_factory``) swaps the body buffer for a ``BodyPipe`` when the head has
-arrived, and the channel (``PharosChannel.allHeadersReceived``) runs the route at once
-(``dispatch_early``); the route hands the pipe to treq as the engine request's
-``IBodyProducer``. Backpressure both ways: the pipe stops reading the client's socket while
-the engine's socket is full (its ``pauseProducing``) or before the engine connection is open,
-and reads again when the engine drains; at most about two socket reads are held. Every other
-request keeps twisted.web's path (a path-prefix test when its head is in, an attribute test
-per body chunk).
+(``POST /api/blobs/sha256:...``) must instead reach the engine as it arrives, in bounded
+memory. For the model-management routes only (``streams``), ``streaming_request_factory``
+swaps the body buffer for a ``BodyPipe`` once the head is in, and
+``PharosChannel.allHeadersReceived`` runs the route at once (``dispatch_early``); the route
+hands the pipe to treq as the engine request's ``IBodyProducer``. Backpressure both ways: the
+pipe stops reading the client while the engine's socket is full or not yet open, and reads
+again when it drains; about two socket reads are held at most. Every other request keeps
+twisted.web's path (a path-prefix test per head, an attribute test per body chunk).
 
 A streamed body keeps the site's idle timeout between its bytes (not ``timeouts.request_body``
 for the whole body, which a multi-GB upload would pass), stopped while Pharos holds the client
 back. A reply that ends before the body was read whole closes the connection (its unread rest
 cannot be parsed as the next request); a client that leaves mid-body fails the pipe, so the
-engine's request is aborted mid-body and the engine sees the cut.
+engine's request is aborted mid-body.
 """
 
 from __future__ import annotations
@@ -60,11 +58,9 @@ class BodyCut(Exception):
 @implementer(IBodyProducer, IPushProducer)
 class BodyPipe:
     """A request body on its way to an engine: written by the client side as it arrives,
-    produced to the engine request's consumer (treq's ``IBodyProducer``).
-
-    ``client``: the client connection's transport, paused while the engine side cannot take
-    more. ``length``: the client's Content-Length (None: chunked; the engine request is then
-    chunked too)."""
+    produced to the engine request's consumer (treq's ``IBodyProducer``). ``client``: the
+    client's transport, paused while the engine side cannot take more. ``length``: the
+    client's Content-Length (None: chunked, and the engine request is chunked too)."""
 
     def __init__(self, client: IPushProducer, length: int | None, call_later: Any,
                  stall: float = DEFAULT_STALL) -> None:
@@ -235,9 +231,8 @@ class StreamingRequest(Request):
             super().handleContentChunk(data)
 
     def dispatch_early(self, command: bytes, path: bytes, version: bytes) -> None:
-        """Run the route now, the head read and the body to come (the channel calls it once
-        the head is in). The channel's idle timeout is off meanwhile (the pipe has its own
-        between body bytes) and comes back when the request ends, as for any request."""
+        """Run the route now, the head read and the body to come. The channel's idle timeout is
+        off meanwhile (the pipe has its own between body bytes) until the request ends."""
         self._dispatched = True
         channel = self.channel
         self._saved_timeout = channel.setTimeout(None)

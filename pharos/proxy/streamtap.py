@@ -1,29 +1,25 @@
-"""The stream tap: a line scanner over an engine's reply body on its way to the client (spec §9
-"Tap" and "Usage on every stream").
+"""The stream tap: a line scanner over an engine's reply body on its way to the client.
 
 The relay hands every upstream chunk to ``StreamTap.feed`` and writes what it returns; at the
-end of the body it writes ``StreamTap.finish()`` and reads ``StreamTap.usage``. The tap
+end it writes ``StreamTap.finish()`` and reads ``StreamTap.usage``. The tap
 
 - passes bytes through unchanged and at once (the very chunk object, no copy), except when it
   strips, when it holds a partial line until its newline (at most ``MAX_LINE`` bytes);
-- reads the usage of every usage-bearing JSON line (SSE ``data:`` lines, Ollama NDJSON
-  lines, a one-line non-streamed body, or at ``finish`` a whole multi-line JSON body of at
-  most ``MAX_LINE`` bytes), a later line's values replacing an earlier one's and the values
-  it does not say kept (``merge_usage``: Anthropic streams give the prompt in
-  ``message_start`` and the completion in ``message_delta``); lines longer than ``MAX_LINE``
-  pass through unparsed, so a huge one-line non-streamed reply gives no usage;
-- decodes JSON only for lines that can carry usage: a cheap byte search for the keys of
-  ``USAGE_FIELDS`` below any envelope (``USAGE_KEYS``: ``"usage"``, ``"timings"``,
-  ``_count"``, ``_duration"``, each followed by ``:`` and anything but ``null``) comes first,
-  so a content chunk costs four ``bytes.find`` calls, and a blank line none (the Responses
-  events before ``response.completed`` say ``"usage":null`` and are not decoded either);
+- reads the usage of every usage-bearing JSON line (SSE ``data:`` lines, Ollama NDJSON, a
+  one-line non-streamed body, or at ``finish`` a whole multi-line body of at most ``MAX_LINE``
+  bytes), a later line's values replacing an earlier one's and the rest kept (``merge_usage``:
+  Anthropic gives the prompt in ``message_start`` and the completion in ``message_delta``);
+  longer lines pass unparsed, so a huge one-line reply gives no usage;
+- decodes only lines that can carry usage: a byte search for ``USAGE_KEYS`` (``"usage"``,
+  ``"timings"``, ``_count"``, ``_duration"``, each followed by ``:`` and anything but
+  ``null``) comes first, so a content chunk costs four ``bytes.find`` calls and a blank line
+  none (the Responses events before ``response.completed`` say ``"usage":null``);
 - with ``strip_usage_chunk`` (Pharos asked for ``stream_options.include_usage`` on the
   client's behalf), drops the usage-only chunk: the ``data:`` line whose top-level
-  ``choices`` is an empty list, and the blank line that ends its event. Nothing else.
+  ``choices`` is an empty list, and the blank line ending its event. Nothing else.
 
-Lines end at ``\\n`` (an ``\\r`` before it stays part of the line, so CRLF streams work); SSE
-comment lines (``:``, ``: keep-alive``) and ``data: [DONE]`` carry no usage marker and are
-passed without a look.
+Lines end at ``\\n`` (an ``\\r`` before it stays in the line, so CRLF streams work); SSE
+comments and ``data: [DONE]`` carry no usage marker and pass without a look.
 """
 
 from __future__ import annotations
@@ -57,11 +53,9 @@ _SPACE = b" \t"
 
 
 def _may_carry_usage(buf: bytes, s: int, e: int) -> bool:
-    """Whether ``buf[s:e]`` may hold a usage key with a non-null value, judged by bytes alone.
-
-    A quote cannot occur unescaped inside a JSON string, so a hit ends a key, or a string
-    value, which the following ``:`` rules out.
-    """
+    """Whether ``buf[s:e]`` may hold a usage key with a non-null value, judged by bytes alone:
+    a quote cannot occur unescaped inside a JSON string, so a hit ends a key, or a string
+    value, which the following ``:`` rules out."""
     for marker in _MARKERS:
         i = buf.find(marker, s, e)
         while i >= 0:
@@ -110,8 +104,7 @@ class StreamTap:
 
     @property
     def usage(self) -> Usage | None:
-        """The usage the reply's lines said so far, later lines winning (final after
-        ``finish``)."""
+        """The usage the reply's lines said so far, later lines winning (final after ``finish``)."""
         return self._usage
 
     def feed(self, chunk: bytes) -> bytes:

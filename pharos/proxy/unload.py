@@ -1,18 +1,17 @@
-"""Unloading the models a cold load pushes out, before it is sent (issue 15 item 1).
+"""Unloading the models a cold load pushes out, before it is sent.
 
-An Ollama host that needs room for a model takes the idle one with the shortest keep-alive,
-then the lowest model path (server/sched.go ``findRunnerToUnload``): an order that has nothing
-to do with which models are asked for, so on a full host it can push out the most popular
-one. Pharos prices every idle model's eviction and names the cheapest (``Lease.unload``); a
-request with no prompt and ``keep_alive: 0`` makes its keep-alive 0 and expires it before
-the reply (server/routes.go ``GenerateHandler``, sched.go ``expireRunner``), so the load sent
-after the reply takes that one first.
+An Ollama host needing room takes the idle model with the shortest keep-alive, then the lowest
+model path (server/sched.go ``findRunnerToUnload``): an order blind to which models are asked
+for, so on a full host it can push out the most popular one. Pharos prices every idle model's
+eviction and names the cheapest (``Lease.unload``); a request with no prompt and
+``keep_alive: 0`` expires it before the reply (server/routes.go ``GenerateHandler``, sched.go
+``expireRunner``), so the load sent after takes that one first.
 
 Failure costs nothing but the choice: the load is sent anyway and the host picks its own
 victim, so an unload that fails or is slow (``UNLOAD_TIMEOUT_SEC`` for the whole step) is
-logged and dropped. A model someone loaded for good (``keep_alive`` below 0: ``/api/ps``
-says it expires in about 292 years) is never unloaded by Pharos, whatever its price: the host
-then chooses, as it would have, and keeps it last.
+logged and dropped. A model loaded for good (``keep_alive`` below 0: ``/api/ps`` says it
+expires in about 292 years) is never unloaded by Pharos: the host then chooses, as it would
+have, and keeps it last.
 """
 
 from __future__ import annotations

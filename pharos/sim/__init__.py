@@ -1,4 +1,4 @@
-"""Simulation (spec §14 layers 3 and 5): in-process engine doubles.
+"""Simulation: in-process engine doubles.
 
 - ``pharos.sim.double``: ``EngineDouble``, ``start_double``: an Ollama, llama.cpp or vLLM
   look-alike on a loopback port, with test controls.

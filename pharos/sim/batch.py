@@ -1,39 +1,35 @@
 """A vLLM-like behaviour model: continuous batching in steps over one ref-counted KV block pool.
 
-``BatchModel`` runs the one served model the way vLLM's V1 scheduler does (FCFS policy,
-chunked prefill, prefix caching on), so a vLLM double's TTFT, queueing, KV usage and cache hits
-move as a real engine's do under load:
+``BatchModel`` runs the one served model as vLLM's V1 scheduler does (FCFS, chunked prefill,
+prefix caching on), so a vLLM double's TTFT, queueing, KV usage and cache hits move as a real
+engine's do under load:
 
-- The engine works in *steps*. Each step has a token budget (``Knobs.batch_tokens``, vLLM's
-  ``--max-num-batched-tokens``). Running requests come first, in the order they started: each
-  decodes one token or computes the next chunk of its prompt. Then waiting requests are
-  admitted in arrival order while the sequence cap (``slots``, vLLM's ``--max-num-seqs``) and
-  the budget last; one whose blocks do not fit blocks those behind it. No request is admitted
-  in a step that preempted.
-- KV memory is a ``BlockPool`` of ``cache_tokens // block_tokens`` blocks. Prompts (and the
-  text generated after them) are cut into full blocks hashed as a chain; a block is cached
-  (findable by its hash) as soon as its computation is scheduled, and stays findable after its
-  request ends until the pool hands it out again. A new request starts from its longest cached
-  prefix, at most its length minus one token, rounded down to blocks.
+- Each step has a token budget (``Knobs.batch_tokens``, vLLM's ``--max-num-batched-tokens``).
+  Running requests come first, in start order: each decodes one token or computes its next
+  prompt chunk. Then waiting requests are admitted in arrival order while the sequence cap
+  (``slots``, ``--max-num-seqs``) and the budget last; one whose blocks do not fit blocks
+  those behind it. No request is admitted in a step that preempted.
+- KV memory is a ``BlockPool`` of ``cache_tokens // block_tokens`` blocks. Prompts (and their
+  generated text) are cut into full blocks hashed as a chain; a block is findable by its hash
+  as soon as its computation is scheduled, and after its request ends until the pool hands it
+  out again. A new request starts from its longest cached prefix, at most its length minus
+  one token, rounded down to blocks.
 - A running request that needs a block when none is free preempts the newest running request
-  (which gives its blocks back and goes to the head of the queue, to be recomputed later).
-- A step costs the sum of its prefill chunks plus, when any sequence decodes,
-  ``decode_s + decode_seq_s·(n-1)`` for ``n`` decoding sequences. The chunks of one prompt
-  telescope to exactly ``Knobs.prefill_seconds(u, c)``, ``d`` charged once, so an idle
-  engine's TTFT is P(u, c). Steps follow each other on a virtual timeline (each starts when
-  the previous one was planned to end), so timer overshoot never accumulates; an idle engine
-  starts its next step when a request arrives. The first token comes out at the end of the
-  step that completes the prompt, then one token per step.
+  (its blocks go back; it goes to the head of the queue, to be recomputed).
+- A step costs its prefill chunks plus, when any sequence decodes,
+  ``decode_s + decode_seq_s·(n-1)``. One prompt's chunks telescope to exactly
+  ``Knobs.prefill_seconds(u, c)`` (``d`` once), so an idle engine's TTFT is P(u, c). Steps lie
+  on a virtual timeline, so timer overshoot never accumulates; an idle engine starts a step
+  when a request arrives. The first token comes at the end of the step completing the prompt,
+  then one per step.
 
-Deviations, on purpose: there is no null block (the pool has exactly ``capacity`` usable
-blocks); hashes are over decoded prompt bytes (4 per token), generated text continuing the
-chain, not over token ids; requests that arrive at the instant a step is planned join it (the
-scheduler sees what is queued when it plans); a cancelled running request leaves at once (its
-blocks and sequence freed; the step in flight keeps its cost); ``prompt_tokens_total`` and the
-cached-token counters count at a request's first scheduling (vLLM: at its first token).
-vLLM's prefix-cache counters are kept as vLLM keeps them: every lookup for a waiting request
-that was never preempted adds its tokens queried and hit, even when the request then does not
-fit and is looked up again next step.
+Deviations, on purpose: no null block (the pool has exactly ``capacity`` usable blocks);
+hashes are over decoded prompt bytes (4 per token), not token ids; requests arriving at the
+instant a step is planned join it; a cancelled running request leaves at once (the step in
+flight keeps its cost); ``prompt_tokens_total`` and the cached-token counters count at a
+request's first scheduling (vLLM: at its first token). vLLM's prefix-cache counters are kept
+as vLLM keeps them: every lookup for a never-preempted waiting request adds its tokens queried
+and hit, even when it then does not fit and is looked up again next step.
 """
 
 from __future__ import annotations
@@ -69,8 +65,8 @@ from pharos.sim.model import (
 )
 from pharos.sim.prompt import BYTES_PER_TOKEN
 
-#: The vLLM double's knobs where its caller sets none. Not in the ledger: assumed, the related
-#: system's simulator defaults for vLLM (8B model, 24 GB GPU, 4096 blocks of 16 tokens).
+#: The vLLM double's knobs where its caller sets none. Assumed, as the related system's
+#: simulator defaults for vLLM (8B model, 24 GB GPU, 4096 blocks of 16 tokens).
 VLLM_KNOBS: Mapping[str, float | int] = MappingProxyType({
     "prefill_s": 100e-6,
     "prefill_pair_s": 3.3e-9,
@@ -87,9 +83,8 @@ VLLM_KNOBS: Mapping[str, float | int] = MappingProxyType({
 
 
 class Chain:
-    """The chained hashes of a growing text's full blocks of ``block_bytes``: hash ``i`` names
-    every byte before the end of block ``i``. With 64-byte blocks it equals
-    ``pharos.sim.prompt.chain_blocks``."""
+    """The chained hashes of a growing text's full blocks of ``block_bytes``: hash ``i`` names every
+    byte up to block ``i``'s end. With 64-byte blocks, ``prompt.chain_blocks``."""
 
     __slots__ = ("_size", "_tail", "hashes")
 
@@ -123,12 +118,11 @@ class _Held:
 class BlockPool:
     """One ref-counted pool of KV blocks, as vLLM's ``BlockPool`` keeps it.
 
-    Owners (requests, by id) hold blocks by reference, so a shared prefix is held once. A block
-    nobody holds is *free* but keeps its hash, so it still serves prefix hits until it is handed
-    out again. Free blocks are handed out from the head of one queue: at start every block in
-    id order; a freed block without a hash goes to the head, a freed cached block to the tail
-    (least recently freed first), and an owner's blocks are freed tail first, so a prompt's
-    head outlives its tail.
+    Owners (requests, by id) hold blocks by reference, so a shared prefix is held once. A free
+    block keeps its hash and serves prefix hits until handed out again. Free blocks leave from
+    the head of one queue (at start in id order); a freed block without a hash goes to the head,
+    a cached one to the tail, and an owner's blocks are freed tail first, so a prompt's head
+    outlives its tail.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -322,11 +316,9 @@ class BatchModel(ModelCore):
     """vLLM's V1 scheduler over a ``BlockPool`` (see the module docstring).
 
     ``models``: the one served model (name → size). ``slots``: vLLM's ``--max-num-seqs``.
-    ``knobs``: P(u, c), decode costs, ``block_tokens``, ``cache_tokens`` (the pool),
-    ``batch_tokens`` (the step budget) and the output cap. ``max_model_len``: the longest
-    request (prompt and output) accepted, default the pool's size; a pool smaller than that is
-    refused, as is ``batch_tokens < slots`` (vLLM refuses both at start). ``loaded`` is
-    accepted for symmetry and ignored: the model is always loaded.
+    ``max_model_len``: the longest request (prompt and output) accepted, default the pool's
+    size; a smaller pool is refused, as is ``batch_tokens < slots`` (vLLM refuses both at
+    start). ``loaded`` is ignored: the model is always loaded.
     """
 
     def __init__(

@@ -1,7 +1,5 @@
-"""``pharos sim-engine --kind K --port P``: one engine double, alone, until Ctrl-C.
-
-The console script (pharos.cli) hands it the global reactor.
-"""
+"""``pharos sim-engine --kind K --port P``: one engine double until Ctrl-C, on the reactor the
+console script (pharos.cli) hands it."""
 
 from __future__ import annotations
 

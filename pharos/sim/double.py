@@ -2,16 +2,13 @@
 port.
 
 A double is a wire format (a ``Flavor``, cloned from the engine's pinned capture) in front of
-a behaviour model (an ``EngineModel``, by kind from ``default_model``). The twisted.web resource
-here only moves bytes between the two: it turns a request into a ``GenRequest``, writes each
-token as the model produces it (a streaming push producer, so a slow reader pauses the writes
-instead of filling the socket buffer), and cancels the job when the client leaves, which frees
-its slot as a real engine's "stop generating" does.
+a behaviour model (an ``EngineModel``). The twisted.web resource here only moves bytes: it
+turns a request into a ``GenRequest``, writes each token as the model produces it (a streaming
+push producer, so a slow reader pauses the writes instead of filling the socket buffer), and
+cancels the job when the client leaves, freeing its slot as a real engine does.
 
-Controls for tests: ``hold()``/``release()`` (requests stay running without time passing),
-``kill()`` (every connection dropped mid-reply, like an engine dying), ``when(predicate)`` (a
-Deferred that fires once the double's state satisfies it), and ``stats`` / ``jobs`` (requests
-started, cancelled and completed, the prompt and cached tokens each saw).
+Controls for tests: ``hold()``/``release()``, ``kill()`` (an engine dying mid-reply),
+``when(predicate)`` (fires once the state satisfies it), and ``stats`` / ``jobs``.
 """
 
 from __future__ import annotations
@@ -80,10 +77,9 @@ from pharos.sim.wire import Flavor, Numbers, ReplyContext, ReplyTemplate
 log = Logger()
 
 def _fixtures() -> Path:
-    """fixtures/ of a source checkout, else the pinned captures the wheel installs under
-    ``<data>/share/pharos/fixtures`` (setup.cfg data_files): ``<data>`` is the install
-    scheme's, which is not ``sys.prefix`` under Debian's own Python (/usr/local) nor for
-    ``pip install --user``."""
+    """fixtures/ of a source checkout, else ``<data>/share/pharos/fixtures`` as the wheel
+    installs it: ``<data>`` is the install scheme's, not ``sys.prefix`` under Debian's own
+    Python (/usr/local) nor for ``pip install --user``."""
     checkout = Path(__file__).resolve().parents[2] / "fixtures"
     if checkout.is_dir():
         return checkout
@@ -129,10 +125,9 @@ def pinned_capture(kind: str, fixtures: Path | None = None, state: str | None = 
 
 @dataclass(slots=True)
 class DoubleStats:
-    """What a double saw: generation requests started, completed and cancelled (client gone
-    or ``kill``), control requests, recorded refusals served, and each started request's
-    prompt tokens in arrival order, the last ``HISTORY`` of them (``EngineDouble.jobs`` has
-    the rest: cached tokens, TTFT, slot, outcome)."""
+    """What a double saw: generation requests started, completed and cancelled, control
+    requests, recorded refusals served, and the prompt tokens of the last ``HISTORY`` started
+    requests in arrival order (``EngineDouble.jobs`` has the rest)."""
 
     started: int = 0
     completed: int = 0
@@ -151,18 +146,14 @@ class EngineDouble:
     """One simulated engine: a twisted.web resource, its behaviour model and test controls.
 
     ``kind``: ``ollama``, ``llamacpp``, ``vllm`` or ``llama-swap`` (one model at a time unless
-    ``host_memory`` holds more; its replies are llama.cpp's, which it proxies). ``clock``: the
-    time the model runs on.
-    ``models``: name → size in bytes (default: the capture's catalogue; one model for
-    llama.cpp and vLLM). ``slots``: parallel requests per model (Ollama's
-    ``OLLAMA_NUM_PARALLEL``, llama.cpp's ``--parallel``, vLLM's ``--max-num-seqs``).
-    ``loaded``: models in memory at start (default: none for Ollama, the one model
-    otherwise). ``knobs`` and any ``Knobs`` field as a keyword (``prefill_s=...``) set the
-    latency model (Ollama's ``keep_alive`` is its 5 minutes unless ``knobs`` or
-    ``keep_alive=`` say otherwise; without ``knobs``, vLLM's unset fields are
-    ``VLLM_KNOBS``). ``fixtures``: where the pinned captures are (default: the
-    checkout's ``fixtures/``). ``seed``: the ids' random source. ``engine_model`` replaces
-    the behaviour model altogether (the wire format stays).
+    ``host_memory`` holds more; replies are llama.cpp's). ``clock``: the model's time.
+    ``models``: name → size in bytes (default: the capture's catalogue). ``slots``: parallel
+    requests per model (``OLLAMA_NUM_PARALLEL``, ``--parallel``, ``--max-num-seqs``).
+    ``loaded``: models in memory at start (default: none for Ollama and llama-swap, the one
+    model otherwise). ``knobs`` and any ``Knobs`` field as a keyword set the latency model
+    (Ollama's ``keep_alive`` is its 5 minutes and vLLM's unset fields ``VLLM_KNOBS`` unless
+    ``knobs`` is given). ``seed``: the ids' random source. ``engine_model`` replaces the
+    behaviour model (the wire format stays).
     """
 
     def __init__(
@@ -258,11 +249,9 @@ class EngineDouble:
         self.model.release()
 
     def kill(self) -> None:
-        """Drop every connection at once, replies cut mid-way (an engine dying).
-
-        Every request in flight is cancelled in the model first, so the slots are free as
-        soon as this returns; the connections close on the reactor's next turn.
-        """
+        """Drop every connection at once, replies cut mid-way (an engine dying). Requests in
+        flight are cancelled in the model first, so the slots are free when this returns; the
+        connections close on the reactor's next turn."""
         for reply in list(self._replies):
             reply.cut()
         for factory in self._factories:
@@ -580,9 +569,8 @@ def start_double(
 ) -> tuple[EngineDouble, IListeningPort]:
     """Start a double of ``kind`` listening on ``interface:port`` (0: any free port).
 
-    ``clock`` is the time its model runs on (default: ``reactor``, which must then also be an
-    ``IReactorTime``); ``model_args`` go to ``EngineDouble``. The caller stops both:
-    ``double.stop()`` and ``listening.stopListening()``.
+    ``clock`` defaults to ``reactor`` (then also an ``IReactorTime``); ``model_args`` go to
+    ``EngineDouble``. The caller stops both: ``double.stop()``, ``listening.stopListening()``.
     """
     time = clock if clock is not None else reactor
     if not IReactorTime.providedBy(time):

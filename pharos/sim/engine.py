@@ -1,9 +1,6 @@
-"""What the engine models share: counters, control requests, the clock that holds, and how a
-step's tokens are told (``pharos.sim.batch.BatchModel`` and ``pharos.sim.slots.SlotModel``).
-
-Kept apart from ``pharos.sim.model`` (the types every layer sees) so that each model holds only
-what makes it differ: how it admits, schedules and caches.
-"""
+"""What the engine models share: counters, control requests, the clock that holds, and how a step's
+tokens are told. Kept apart from ``pharos.sim.model`` (the types every layer sees) so each model
+holds only what makes it differ: how it admits, schedules and caches."""
 
 from __future__ import annotations
 
@@ -50,8 +47,6 @@ class ModelCore:
         self._tokens_max = 0
         self._finished: dict[str, int] = {}
 
-    # -- the interface's common part --
-
     def hold(self) -> None:
         """Freeze the model's clock."""
         self._timers.hold()
@@ -65,8 +60,6 @@ class ModelCore:
     def held(self) -> bool:
         """Whether ``hold`` is in force."""
         return self._timers.held
-
-    # -- helpers --
 
     def _output(self, request: GenRequest) -> tuple[int, str]:
         """Tokens to generate and the finish reason: a cap the request names ends it with

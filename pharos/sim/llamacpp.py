@@ -78,8 +78,6 @@ class LlamacppFlavor(Flavor):
         return Recorded(status, "application/json; charset=utf-8",
                         compact_json(err).encode())
 
-    # -- bodies --
-
     def _props_body(self, status: EngineStatus) -> bytes:
         doc = copy.deepcopy(self._props)
         doc["total_slots"] = status.slots

@@ -1,18 +1,15 @@
 """llama-swap v250's wire format, cloned from ``fixtures/llama-swap/v250/loaded`` (from-source).
 
-llama-swap runs one ``llama-server`` process per configured model and, in its default group,
-one at a time: a request for another model stops the running one (once its requests in flight
-have ended) and starts the requested one. The double owns llama-swap's own bodies, rebuilt
-from the capture: ``/running`` (every process not stopped: ``ready``, or ``starting`` while it
-loads; sorted by model; ``json.Encoder``, so a trailing newline) and ``/v1/models`` (every
-configured model, ``status.value`` ``loaded`` for a running process, else ``unloaded``; the
-top-level keys sorted). Every other recorded path is served as recorded (``/health``,
-``/api/version``, llama-swap's own host ``/metrics``, the 404s of the paths it does not route).
+llama-swap runs one ``llama-server`` per configured model and, in its default group, one at a
+time: a request for another model stops the running one (once its requests end) and starts the
+requested one. The double owns ``/running`` (every process not stopped: ``ready``, or
+``starting`` while it loads; sorted by model; ``json.Encoder``, so a trailing newline) and
+``/v1/models`` (``status.value`` ``loaded`` or ``unloaded``; top-level keys sorted). Every
+other recorded path is served as recorded.
 
-Generation is proxied to the model's ``llama-server`` unchanged, so its replies are llama.cpp's:
-the reply templates come from the pinned llama.cpp capture. llama-swap reports no model sizes;
-the double's sizes (``models``) only size its memory, which holds one model at a time unless
-``host_memory`` says otherwise.
+Generation is proxied to ``llama-server`` unchanged, so replies come from the pinned llama.cpp
+capture. llama-swap reports no model sizes; the double's sizes only size its memory, which
+holds one model unless ``host_memory`` says otherwise.
 """
 
 from __future__ import annotations
@@ -87,8 +84,6 @@ class LlamaswapFlavor(Flavor):
         404 of ``/props``), ``json.Marshal``, no newline."""
         return Recorded(status, "application/json",
                         go_json({"error": message, "src": "llama-swap"}).encode())
-
-    # -- bodies --
 
     def _port(self, name: str) -> int:
         return START_PORT + sorted(self._models).index(name)

@@ -1,19 +1,18 @@
-"""Ollama's model management in the engine double (issue 17 item 7): ``/api/pull``,
-``/api/push``, ``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest``.
+"""Ollama's model management in the engine double: ``/api/pull``, ``/api/push``,
+``/api/create``, ``/api/copy``, ``/api/delete`` and ``/api/blobs/:digest``.
 
-Shapes as Ollama's server writes them (``server/routes.go``): pull, push and create stream
+Shapes as Ollama's ``server/routes.go`` writes them: pull, push and create stream
 ``application/x-ndjson`` progress lines (``{"status": "pulling manifest"}``, ``{"status":
 "pulling <digest>", "digest", "total", "completed"}``, ..., ``{"status": "success"}``; with
 ``"stream": false`` only the last), an error mid-stream is a ``{"error": "..."}`` line; copy and
-delete answer 200 with no body, 404 ``{"error": "model 'x' not found"}``; ``HEAD
+delete answer 200 with no body, or 404 ``{"error": "model 'x' not found"}``; ``HEAD
 /api/blobs/:digest`` is 200 or 404; ``POST /api/blobs/:digest`` hashes the body as it arrives
 and answers 201, or 400 ``digest mismatch, expected "...", got "..."``.
 
-The double keeps no blob bytes: a blob is its digest and length (``blobs``), hashed chunk by
-chunk as it arrives (``BlobRequest``, optionally read at ``read_rate`` bytes per second: a
-slow engine). An upload whose connection is lost before its end stores nothing and is counted
-in ``cut_uploads``. Pulled, created and copied models join the double's catalogue
-(``/api/tags``); deleted ones leave it.
+The double keeps no blob bytes: a blob is its digest and length (``blobs``), hashed as it
+arrives (``BlobRequest``, optionally at ``read_rate`` bytes per second). An upload cut before
+its end stores nothing and counts in ``cut_uploads``. Pulled, created and copied models join
+the catalogue; deleted ones leave it.
 """
 
 from __future__ import annotations
@@ -154,8 +153,6 @@ class OllamaManagement:
         result: bytes | int = handler(request, doc)
         return result
 
-    # --- the routes ------------------------------------------------------------------------
-
     def _blob(self, request: Request, digest: str) -> bytes:
         hasher = getattr(request, "hasher", None)
         if hasher is None:  # not a BlobRequest: the body was buffered
@@ -243,8 +240,6 @@ class OllamaManagement:
         lines += [{"status": "writing manifest"}, {"status": "success"}]
         return self._progress(request, doc, lines,
                               lambda: self.flavor.add_model(name, max(size, 1)))
-
-    # --- replies ---------------------------------------------------------------------------
 
     def _progress(self, request: Request, doc: dict[str, Any], lines: list[dict[str, Any]],
                   on_success: Any) -> bytes | int:

@@ -1,14 +1,11 @@
-"""The behaviour of a simulated engine, behind one small interface (spec §14 layer 3).
+"""The behaviour of a simulated engine, behind one small interface.
 
-The wire layer (``pharos.sim.double`` and the per-engine modules) only ever talks to an
+The wire layer (``pharos.sim.double`` and the per-engine modules) only talks to an
 ``EngineModel``: it submits a ``GenRequest`` with a ``JobListener``, hears each token and the
-end, cancels when the client leaves, and reads ``EngineStatus`` for the status bodies. The
-model decides everything about time, capacity, memory and caching, so each engine's behaviour
-(``pharos.sim.slots.SlotModel``: llama.cpp's and Ollama's slots, each caching on its own)
-can change without touching how a double speaks. This module holds what the models share:
-the knobs, requests and jobs, status, timers that hold, a prefix cache and the generated
-text. Every number is a ``Knobs`` field, and every default is an *assumed* value of the
-spec's assumptions ledger: the doubles must not pretend to know more than that.
+end, cancels when the client leaves, and reads ``EngineStatus``. The model decides time,
+capacity, memory and caching, so an engine's behaviour can change without touching how a
+double speaks. Every number is a ``Knobs`` field whose default is an *assumed* value: the
+doubles must not pretend to know more than that.
 
 Time comes from an injected ``IReactorTime``; nothing here blocks, and ``hold()`` freezes the
 model's clock (requests keep their slots, nothing progresses) until ``release()``.
@@ -16,29 +13,28 @@ model's clock (requests keep their slots, nothing progresses) until ``release()`
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from pharos.sim.prompt import BLOCK_TOKENS, count_tokens
+from pharos.sim.prompt import count_tokens
 
 # --- the knobs -------------------------------------------------------------------------------
 
-#: Assumed in the spec's assumptions ledger ("internal/sim fleet"), never measured.
+#: Assumed values, never measured.
 DEFAULT_PREFILL_S = 0.0005
 DEFAULT_DECODE_S = 0.030
 DEFAULT_LOAD_S = 8.0
 DEFAULT_HOST_MEMORY = 10 * 10**9
 DEFAULT_CACHE_TOKENS = 32 * 1024
 DEFAULT_SLOTS = 2
-#: Not in the ledger; assumed, as the related system's simulator defaults (8B model, 24 GB GPU).
+#: Assumed, as the related system's simulator defaults (8B model, 24 GB GPU).
 DEFAULT_PREFILL_PAIR_S = 3.3e-9
 DEFAULT_PREFILL_FIXED_S = 0.005
 DEFAULT_DECODE_SEQ_S = 0.0001
-#: Not in the ledger: the cap on generated tokens when a request names none (or a larger one).
+#: Assumed: the cap on generated tokens when a request names none (or a larger one).
 DEFAULT_MAX_OUTPUT_TOKENS = 64
 
 #: Finish reasons, as every engine here spells them.
@@ -56,14 +52,12 @@ KV_USAGE_COUNTS = ("running", "fill")
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
-    """The numbers of the behaviour models. Defaults are the ledger's assumed values.
+    """The numbers of the behaviour models. Defaults are assumed values.
 
-    ``prefill_s``: seconds per uncached prompt token. ``decode_s``: seconds per generated
-    token. ``load_s``: seconds to load a cold model. ``host_memory``: bytes the loaded models
-    may take together (model sizes come from the engine's catalogue). ``cache_tokens``: tokens
-    the prefix cache (and the KV pool behind the KV usage gauge) holds, per model.
-    ``max_output_tokens``: the cap on generated tokens. ``keep_alive``: idle seconds before a
-    model unloads by itself (``None``: never).
+    ``prefill_s``: seconds per uncached prompt token; ``decode_s`` per generated token;
+    ``load_s`` to load a cold model. ``host_memory``: bytes the loaded models may take together.
+    ``cache_tokens``: tokens the prefix cache (and the KV pool) holds, per model.
+    ``keep_alive``: idle seconds before a model unloads by itself (``None``: never).
     """
 
     prefill_s: float = DEFAULT_PREFILL_S
@@ -117,10 +111,9 @@ class Knobs:
 class GenRequest:
     """What the model needs of one client request; the wire layer builds it.
 
-    ``prompt`` is the decoded prompt text (UTF-8), held only to find cached prefixes and never
-    shown (``repr`` leaves it out). ``control`` is ``LOAD`` or ``UNLOAD`` for a request that
-    only loads or unloads its model. ``keep_alive``: the request's own idle time for its model
-    (Ollama), ``None`` to keep the model's; negative means forever.
+    ``prompt``, the decoded text, is held only to find cached prefixes and never shown (``repr``
+    leaves it out). ``control``: ``LOAD`` or ``UNLOAD`` for a request that only does that.
+    ``keep_alive``: the request's idle time for its model (Ollama; negative: forever).
     """
 
     model: str
@@ -195,8 +188,7 @@ class UnknownModel(Exception):
 
 
 class PromptTooLong(Exception):
-    """The request does not fit in the model's context: the engine refuses it at once (vLLM
-    answers 400)."""
+    """The request does not fit in the model's context: refused at once (vLLM answers 400)."""
 
 
 class ModelTooLarge(Exception):
@@ -248,8 +240,7 @@ class EngineStatus:
     finished: Mapping[str, int] = field(default_factory=dict)
     #: Requests preempted (KV given back, to be recomputed) since start.
     preemptions: int = 0
-    #: Prefix-cache lookups as vLLM counts them: tokens queried and tokens found cached
-    #: (``None``: the model keeps no such count).
+    #: Prefix-cache lookups as vLLM counts them: tokens queried and found (``None``: not kept).
     prefix_queries_total: int | None = None
     prefix_hits_total: int | None = None
 
@@ -282,10 +273,8 @@ class EngineModel(Protocol):
     """The behaviour behind a double: admits requests, says when each token is produced."""
 
     def submit(self, request: GenRequest, listener: JobListener) -> Job:
-        """Queue a request; raises ``UnknownModel`` or ``ModelTooLarge`` at once.
-
-        The listener is never called from inside ``submit``.
-        """
+        """Queue a request; raises ``UnknownModel`` or ``ModelTooLarge`` at once. The listener
+        is never called from inside ``submit``."""
         ...
 
     def cancel(self, job: Job) -> None:
@@ -369,47 +358,6 @@ class _Timers:
     def cancel_all(self) -> None:
         for t in list(self.live):
             t.cancel()
-
-
-# --- the prefix cache ------------------------------------------------------------------------
-
-
-class PrefixCache:
-    """An LRU set of chained 16-token blocks: a prompt's cached tokens are its leading blocks
-    found here. Blocks of one prompt are touched last-to-first, so a prompt's head outlives its
-    tail and eviction shortens a cached prefix instead of breaking it in the middle."""
-
-    def __init__(self, capacity_tokens: int) -> None:
-        self._capacity = capacity_tokens // BLOCK_TOKENS
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def lookup(self, blocks: Sequence[bytes]) -> int:
-        """Tokens of the longest cached prefix of ``blocks`` (touching what it finds)."""
-        n = 0
-        for b in blocks:
-            if b not in self._blocks:
-                break
-            n += 1
-        for b in reversed(blocks[:n]):
-            self._blocks.move_to_end(b)
-        return n * BLOCK_TOKENS
-
-    def insert(self, blocks: Sequence[bytes]) -> None:
-        """Remember ``blocks`` (a prompt's chain), evicting the least recently used."""
-        if self._capacity <= 0:
-            return
-        for b in reversed(blocks[: self._capacity]):
-            self._blocks[b] = None
-            self._blocks.move_to_end(b)
-        while len(self._blocks) > self._capacity:
-            self._blocks.popitem(last=False)
-
-    def clear(self) -> None:
-        """Forget everything (the model was unloaded)."""
-        self._blocks.clear()
 
 
 # --- generated text --------------------------------------------------------------------------

@@ -99,8 +99,6 @@ class OllamaFlavor(Flavor):
         return [_NUM_PARALLEL.sub(f"OLLAMA_NUM_PARALLEL:{slots}", ln).encode()
                 for ln in self.capture.log_lines]
 
-    # -- bodies --
-
     def _tag(self, name: str) -> dict[str, Any]:
         size = self._models[name]
         recorded = self._recorded_tags.get(name)

@@ -1,11 +1,10 @@
 """What a double reads from a client request: the prompt, its size, its prefix blocks, and the
 reply shape asked for.
 
-Prompt size is 4 bytes of *decoded* text per token (the ledger's measured value), so a body
-with ``\\uXXXX`` escapes and the same body in raw UTF-8 are the same prompt, as for a real
-engine. The prompt text is the tools (serialized compactly, ahead of the messages: they are
-prompt text the engine caches with the rest), then each message's content string (text parts
-of a content list, then its tool calls), or a completion's or generate's prompt.
+Prompt size is 4 bytes of *decoded* text per token, so ``\\uXXXX`` escapes and raw UTF-8 give
+the same prompt, as for a real engine. The prompt text is the tools (compact JSON ahead of the
+messages: the engine caches them with the rest), then each message's content (text parts,
+then tool calls), or a completion's or generate's prompt.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any
 
-#: Measured: 2.8-6.2 bytes per token across languages and code (ledger, 2026-09-29).
+#: Real tokenizers give 2.8-6.2 bytes per token across languages and code.
 BYTES_PER_TOKEN = 4
-#: The prefix cache's unit, in tokens (ledger: "LRU prefix cache in 16-token blocks").
+#: The prefix cache's unit, in tokens.
 BLOCK_TOKENS = 16
 BLOCK_BYTES = BLOCK_TOKENS * BYTES_PER_TOKEN
 

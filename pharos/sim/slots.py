@@ -1,40 +1,36 @@
-"""The slot model: how llama.cpp's server and Ollama's runners run requests (spec §14 layer 3).
+"""The slot model: how llama.cpp's server and Ollama's runners run requests.
 
-Slots. Each model has ``slots`` of them (llama.cpp's ``--parallel``, Ollama's
-``OLLAMA_NUM_PARALLEL``), and each slot caches on its own: it keeps the 16-token blocks of
-the last prompt and reply it served, up to its context (``cache_tokens // slots``, as
-llama.cpp splits ``-c`` among its slots). The ledger measured this on both engines: a request
-sent beside one holding its prefix prefilled it in full. A request takes the *free* slot
-whose cache shares the longest prefix with its prompt (the lowest id on a tie); when none
-shares any, the least recently used free slot (the highest id on a tie: llama.cpp's
-``get_available_slot`` compares with ``<=``, and the b11312 prefix capture shows its first
-request in slot 1). Its cached tokens are that common prefix, at most the prompt less one
-token (an engine always computes the last). Not modelled: llama.cpp's 10 % similarity
-threshold (``--slot-prompt-similarity``) and host-memory prompt cache (``--cache-ram``), and
-Ollama's copying of a prefix from another slot; assumed, as the ledger says of slot choice.
+Slots. Each model has ``slots`` (llama.cpp's ``--parallel``, Ollama's ``OLLAMA_NUM_PARALLEL``),
+and each caches on its own: it keeps the 16-token blocks of the last prompt and reply it
+served, up to ``cache_tokens // slots`` (llama.cpp splits ``-c`` among its slots); on both
+engines a request sent beside one holding its prefix prefills it in full. A request takes the
+*free* slot sharing the longest prefix with its prompt (lowest id on a tie), else the least
+recently used free slot (highest id on a tie: llama.cpp's ``get_available_slot`` compares
+with ``<=``, and the b11312 prefix capture shows its first request in slot 1). Its cached
+tokens are that common prefix, at most the prompt less one token (an engine always computes
+the last). Not modelled: llama.cpp's ``--slot-prompt-similarity`` and ``--cache-ram``, and
+Ollama's copying of a prefix from another slot.
 
 Steps. A model's slots run together as llama.cpp's batch (Ollama runs one runner per model,
-so each model steps on its own). One step computes, for each occupied slot in id order, its
-next token if it is decoding, else the next chunk of its uncached prompt, within
-``batch_tokens`` (decode tokens first, then prompt chunks, as llama.cpp fills its batch). A
-step lasts ``decode_s + decode_seq_s·(n - 1)`` for its ``n`` decoding slots, plus each prompt
-chunk's share of P(u, c): its ``a`` and ``b`` terms at its position in the prompt, and ``d``
-with a prompt's first chunk, so a prompt's chunks add up to P(u, c) exactly and an idle
-engine's TTFT is P(u, c). Tokens come out at the end of their step. Steps lie on a virtual
-timeline: the next starts when the previous ends, whenever the timer really fired, so
-overshoot never accumulates; an idle engine starts one on the turn after work arrives (so
-requests arriving together share it). A request admitted mid-step starts in the next step.
+so each model steps on its own). One step computes, per occupied slot in id order, its next
+token if decoding, else the next chunk of its uncached prompt, within ``batch_tokens``
+(decode tokens first, as llama.cpp fills its batch). A step lasts
+``decode_s + decode_seq_s·(n - 1)`` for ``n`` decoding slots, plus each prompt chunk's share
+of P(u, c) (``d`` with a prompt's first chunk), so a prompt's chunks add up to P(u, c) and an
+idle engine's TTFT is P(u, c). Tokens come out at the end of their step. Steps lie on a
+virtual timeline (the next starts when the previous ends, whenever the timer fired), so
+overshoot never accumulates; an idle engine starts one on the turn after work arrives, so
+requests arriving together share it. A request admitted mid-step starts in the next step.
 
-Cancellation frees the slot at once; the slot keeps what its finished steps computed (the
-prompt so far, or the prompt and the tokens so far); a running step completes without it.
+Cancellation frees the slot at once; the slot keeps what its finished steps computed; a
+running step completes without it.
 
 Residency (Ollama): a cold model loads first (``load_s``), after unloading idle models when
-host memory is short, in Ollama's order (``EVICT_OLLAMA``: the shortest keep-alive first, so
-one asked to unload goes first, then the lowest model path, which the double stands in for
-with its name's SHA-256: server/sched.go ``findRunnerToUnload``, ``ByDurationAndName``) or
-the least recently used first (``EVICT_LRU``); a model with requests in flight is never
-unloaded, a cold one waits instead (Ollama instead marks the shortest keep-alive's runner to
-unload once its requests end and holds its whole queue until then: not modelled); an idle
+host memory is short, in Ollama's order (``EVICT_OLLAMA``: shortest keep-alive first, then
+the lowest model path, stood in for by its name's SHA-256: server/sched.go
+``findRunnerToUnload``, ``ByDurationAndName``) or least recently used first (``EVICT_LRU``).
+A model with requests in flight is never unloaded; a cold one waits instead (Ollama marks the
+runner to unload once its requests end and holds its whole queue: not modelled). An idle
 model unloads after its ``keep_alive``; unloading empties its slots' caches. A llama.cpp
 double preloads its one model and keeps it.
 Counters: prompt, computed and cached tokens at admission, prefill seconds at the first
@@ -152,8 +148,7 @@ def _common(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     return n
 
 
-#: The order idle models are unloaded in when memory is short: Ollama's, or least recently
-#: used first.
+#: The order idle models unload in when memory is short: Ollama's, or least recently used.
 EVICT_OLLAMA = "ollama"
 EVICT_LRU = "lru"
 
@@ -193,8 +188,7 @@ class SlotModel(ModelCore):
         #: Blocks one slot's cache holds: its share of the context.
         self.slot_blocks = self.knobs.cache_tokens // slots // BLOCK_TOKENS
         self._held_at = 0.0
-        #: Loads started (a cold model brought in; on a one-model host, a swap after the
-        #: first): what placement tries to make rare (issue 15).
+        #: Loads started (on a one-model host, a swap after the first): placement makes them rare.
         self.loads = 0
         self._models = {name: _Model(name, size, slots, self.knobs)
                         for name, size in models.items()}

@@ -2,9 +2,8 @@
 
 The double owns ``/v1/models`` and, in ``/metrics``, the running/waiting/KV gauges and the
 prompt, cache, preemption, generation and finished-request counters; every other line of the
-50 KB page stays byte for byte as recorded (with the ``model_name`` label renamed when the
-double serves another name). Bodies are compact JSON (pydantic). Cached tokens show as
-``usage.prompt_tokens_details.cached_tokens``.
+50 KB page stays as recorded (``model_name`` renamed when the double serves another name).
+Bodies are compact JSON (pydantic), cached tokens in ``prompt_tokens_details.cached_tokens``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """How a double speaks: every body is a recorded body with the double's numbers put in.
 
-A ``Flavor`` (one per engine, in ``pharos.sim.ollama``, ``.llamacpp``, ``.vllm``) loads its
-pinned capture once. Status bodies are the recorded ones, parsed and re-serialized in the
-engine's own style with the values the double owns replaced; paths it does not own are served
-byte for byte. Replies come from ``ReplyBook``: each recorded reply in ``streams/`` is a
-``ReplyTemplate`` keyed by the request shape that produced it (route, streamed, usage chunk),
-split into the events before the first token, the token events and the events after the last
-one; a double's reply keeps that framing, those keys and that order, and puts in its own
-tokens, counts, ids and times. A recorded refusal is served as recorded.
+A ``Flavor`` (one per engine) loads its pinned capture once. Status bodies are the recorded
+ones re-serialized in the engine's own style with the double's values; paths it does not own
+are served byte for byte. ``ReplyBook`` keys each recorded reply in ``streams/`` by the request
+shape that produced it (route, streamed, usage chunk) as a ``ReplyTemplate``: the events
+before the first token, the token events and those after; a double's reply keeps that framing,
+keys and order with its own tokens, counts, ids and times. A recorded refusal is served as is.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ _GO_SPECIAL = re.compile("[<>&\u2028\u2029]")
 
 
 def go_json(obj: Any) -> str:
-    """Go's ``encoding/json``: compact, non-ASCII as is, and ``<``, ``>``, ``&``, U+2028,
-    U+2029 escaped (Ollama). Those characters only ever occur inside strings, so escaping
-    them in the output is exact."""
+    """Go's ``encoding/json``: compact, non-ASCII as is, ``<``, ``>``, ``&``, U+2028, U+2029 escaped
+    (Ollama); they only occur inside strings, so escaping the output is exact."""
     return _GO_SPECIAL.sub(lambda m: _GO_ESCAPES[m.group()], compact_json(obj))
 
 
@@ -221,12 +218,9 @@ def _text_slot(ev: Any) -> tuple[dict[str, Any], str] | None:
 
 
 def is_token_event(ev: Any) -> bool:
-    """Whether a stream event carries one generated token.
-
-    Ollama's native lines: every line before ``done``. OpenAI-style chunks: a chunk with a
-    text string, unless it is empty and opens the stream (the role chunk) or closes it (a
-    finish chunk); vLLM sends an empty text for a token that ends inside a UTF-8 sequence.
-    """
+    """Whether a stream event carries one generated token: Ollama's native lines before ``done``;
+    OpenAI-style chunks with a text string, unless empty and opening (role chunk) or closing (finish
+    chunk) the stream: vLLM sends an empty text for a token ending in a UTF-8 sequence."""
     if not isinstance(ev, dict):
         return False
     if "done" in ev:
@@ -453,8 +447,7 @@ class ReplyTemplate:
 
 class ReplyBook:
     """Every recorded reply of a capture by request shape on the routes a double generates on
-    (``GENERATION_ROUTES``: not the recorded Anthropic and Responses replies), and its
-    recorded refusals on any route."""
+    (``GENERATION_ROUTES``: no Anthropic or Responses), and its refusals on any route."""
 
     def __init__(self, replies: Iterable[RecordedReply], dumps: Dumps) -> None:
         self.templates: dict[ReplyKey, ReplyTemplate] = {}
@@ -543,11 +536,8 @@ class PromPage:
 
 
 class Flavor:
-    """One engine's wire format, cloned from its pinned capture.
-
-    Subclasses set ``kind`` and ``dumps``, fill ``dynamic`` (path → body builder from the
-    model's status) and say which models they serve.
-    """
+    """One engine's wire format, cloned from its pinned capture. Subclasses set ``kind`` and
+    ``dumps``, fill ``dynamic`` (path → body from the status) and say which models they serve."""
 
     kind = ""
     dumps: Dumps = staticmethod(compact_json)

@@ -13,7 +13,7 @@ from pathlib import Path
 from pharos.bench.compare import ALL_POLICIES, served_models, workload_models
 from pharos.bench.fleet import FleetSpec, engine_command, pharos_config
 from pharos.bench.report import main_report
-from pharos.sim.workloads import Request
+from pharos.bench.workloads import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A small, fast workload: short prompts and replies, so each run drains at once.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from pharos.bench.floor import ROUTERS, bench_floor
-from pharos.sim.overhead import bench_overhead
+from pharos.bench.overhead import bench_overhead
 
 
 def test_observed_overhead_reads_every_live_event() -> None:

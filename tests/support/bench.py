@@ -6,7 +6,7 @@ from typing import Any
 
 from twisted.internet import reactor
 
-from pharos.sim.workloads import Request as Scheduled
+from pharos.bench.workloads import Request as Scheduled
 
 
 def scheduled(at: float, model: str = "tiny") -> Scheduled:

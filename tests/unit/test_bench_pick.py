@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pharos.sim import bench
+from pharos.bench import pick as bench
 
 
 def test_the_decide_fleet_routes_to_a_target_the_index_says_holds_the_chat() -> None:

@@ -12,7 +12,7 @@ from pharos.bench.records import TIMEOUT, RequestRecord
 from pharos.bench.report import Row, median, rows, verdict
 from pharos.bench.run import workload_args
 from pharos.bench.summary import Slo, distribution, hit_rate, percentile, summarize
-from pharos.sim.workloads import Request
+from pharos.bench.workloads import Request
 
 
 def rec(i: int, at: float = 1.0, *, ttft: float | None = 0.5, tpot: float | None = 0.05,

@@ -131,7 +131,7 @@ def test_compiled_and_interpreted_decide_alike(
 @needs_build
 def test_compiled_and_interpreted_decide_alike_on_the_bench_fleets() -> None:
     """The same on ``pharos bench pick``'s 64-candidate mixed fleets, with matches."""
-    from pharos.sim.bench import mixed_candidates
+    from pharos.bench.pick import mixed_candidates
 
     rng = random.Random(5)
     for n in range(200):

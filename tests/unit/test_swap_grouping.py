@@ -1,13 +1,13 @@
 """Layer 1: swap-thrash grouping on a host that holds one model at a time (issue 15 item 4),
-on a Clock (``pharos.sim.swaps``: the real scheduler in front of an in-memory Ollama whose
+on a Clock (``pharos.bench.swaps``: the real scheduler in front of an in-memory Ollama whose
 ``/api/ps`` lists the one model it loaded last). A swap is a dispatch of another model than the
 host's loaded one. Counting swaps is behaviour, not timing: the ratio against FIFO dispatch is
 asserted."""
 
 from __future__ import annotations
 
+from pharos.bench.swaps import pattern, run_swaps
 from pharos.placement import ReplicaRule
-from pharos.sim.swaps import pattern, run_swaps
 
 FIFO = ReplicaRule(swap_grouping=False)
 GROUPED = ReplicaRule()

@@ -16,8 +16,7 @@ from collections import Counter
 
 import pytest
 
-from pharos.sim.prompt import CHAT, prompt_text
-from pharos.sim.workloads import (
+from pharos.bench.workloads import (
     BYTES_PER_TOKEN,
     WORKLOADS,
     Request,
@@ -34,6 +33,7 @@ from pharos.sim.workloads import (
     w4_rag,
     w6_unique,
 )
+from pharos.sim.prompt import CHAT, prompt_text
 
 
 def dump(requests: list[Request]) -> list[str]:
@@ -360,7 +360,7 @@ def test_deterministic_across_processes() -> None:
     different PYTHONHASHSEED values generate the same bytes."""
     code = (
         "import hashlib, json\n"
-        "from pharos.sim.workloads import WORKLOADS, generate\n"
+        "from pharos.bench.workloads import WORKLOADS, generate\n"
         "h = hashlib.sha256()\n"
         "for name in sorted(WORKLOADS):\n"
         "    for r in generate(name, 5, 2.0, 30.0):\n"

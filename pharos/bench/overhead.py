@@ -1,11 +1,9 @@
-"""``pharos bench overhead``: what Pharos adds to one request (spec §15), reported, never
-asserted.
+"""``pharos bench overhead``: what Pharos adds to one request, reported, never asserted.
 
-A vLLM double (prefill and decode near zero, so the engine's own time does not hide Pharos's)
-and Pharos run as separate processes on loopback, as an operator runs them. The same 32 KiB
-streamed chat is sent straight to the engine and through Pharos, one at a time, alternating;
-TTFT is the time to the first body byte. Pharos's CPU per request is its process's CPU time
-over the run divided by the requests.
+A vLLM double (prefill and decode near zero, so the engine's time does not hide Pharos's) and
+Pharos run as separate processes on loopback. The same 32 KiB streamed chat is sent straight
+to the engine and through Pharos, alternating; TTFT is the time to the first body byte.
+Pharos's CPU per request is its process's CPU time over the run divided by the requests.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pharos.bench.floor import ROUTERS, bench_floor, print_floor
-from pharos.sim.bench import machine, percentile
+from pharos.bench.pick import machine, percentile
 
 
 def _free_port() -> int:
@@ -97,8 +95,7 @@ def _settle(seen: list[int], quiet: float = 0.5, most: float = 5.0) -> None:
 def bench_overhead(requests: int = 1000, body_kib: int = 32,
                    observe: bool = False) -> dict[str, Any]:
     """Run the engine and Pharos, measure, stop both. ``observe``: with the decision log on
-    for every request and a live map reader connected, the most the observability records
-    (issue 12 item 9)."""
+    for every request and a live map reader connected, the most the observability costs."""
     exe = Path(sys.executable).parent
     engine_port, pharos_port = _free_port(), _free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -195,7 +192,7 @@ def main_overhead(argv: list[str]) -> int:
     f.add_argument("--stream-decode-ms", type=float, default=2.0)
     f.add_argument("--streams", type=int, default=5, help="streams per path")
     f.add_argument("--soak", type=int, default=0,
-                   help="then this many requests through Pharos: its RSS (35000: item 4)")
+                   help="then this many requests through Pharos: its RSS (e.g. 35000)")
     f.add_argument("--no-pin", action="store_true", help="no taskset")
     b = p.add_argument_group(
         "bad input", "--bad-input: slow clients, a header a byte a second and idle keep-alive "

@@ -1,23 +1,19 @@
 """Seeded open-loop workloads for the benchmark harness: W1-W4, W6, ``mix``, ``hot`` and
 ``multi-model``, with Poisson or Gamma arrivals.
 
-A workload is a list of ``Request``, sorted by ``at``: the time, in seconds from the start of the
-run, at which the harness sends the request to ``/v1/chat/completions`` (streamed, with a usage
-chunk). The harness is open loop: every request is sent at its time whatever the earlier ones are
-doing, so a server that falls behind cannot slow the offered load down.
+A workload is a list of ``Request`` sorted by ``at``, the second of the run at which the
+harness sends it to ``/v1/chat/completions`` (streamed, with a usage chunk), whatever the
+earlier ones are doing, so a server that falls behind cannot slow the offered load.
 
-Everything is deterministic: each generator draws from ``random.Random`` streams derived from its
-seed (one for the arrival times, one per request, session or document for the content), with no
-global state, so the same arguments give byte-identical requests. Texts are pseudo-words sized in
-tokens at the project's 4 bytes of text per token (``pharos.sim.prompt.BYTES_PER_TOKEN``): a
-2,000-token system prompt is exactly 8,000 bytes. Every generated text starts with its own
-8-hex-digit nonce, so two different texts differ from their first bytes while a shared text is the
-very same string wherever it is used.
+Everything is deterministic: each generator draws from ``random.Random`` streams derived from
+its seed (arrivals, and each request, session or document), with no global state, so the same
+arguments give byte-identical requests. Texts are pseudo-words sized at 4 bytes a token
+(``pharos.sim.prompt.BYTES_PER_TOKEN``), each led by its own 8-hex-digit nonce, so different
+texts differ from their first bytes while a shared text is the very same string.
 
-``rate`` is always the mean *request* rate in requests per second. The session workloads (W2, W3)
-start sessions at ``rate`` divided by their mean number of requests per session, so they reach
-``rate`` once sessions overlap (less in the first session length and at the end, where turns
-past ``duration`` are dropped).
+``rate`` is always the mean *request* rate per second. The session workloads (W2, W3) start
+sessions at ``rate`` over their mean requests per session, so they reach ``rate`` once
+sessions overlap (less early on and at the end, where turns past ``duration`` are dropped).
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ from typing import Any
 
 from pharos.sim.prompt import BYTES_PER_TOKEN, CHAT, prompt_text
 
-#: An inclusive ``(low, high)`` range of integers (tokens, turns, steps, documents), drawn
-#: uniformly.
+#: An inclusive ``(low, high)`` range of integers (tokens, turns, steps, ...), drawn uniformly.
 Range = tuple[int, int]
 
 __all__ = [
@@ -180,8 +175,7 @@ def _check_range(name: str, span: Range, low: int = 0) -> None:
 
 _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
-#: Syllables in a generator's table, and how many of them end a word (a trailing space): words
-#: average 256 / 96 = 2.7 syllables.
+#: Syllables in a generator's table, and how many end a word: words average 256 / 96 = 2.7.
 _SYLLABLES = 256
 _WORD_ENDS = 96
 #: Texts are runs of phrases (of ``_PHRASE_WORDS`` words) drawn from a table of ``_PHRASES``
@@ -371,8 +365,7 @@ def hot(
     question_tokens: Range = (50, 500),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """``hot``: W1 with its system prompts drawn by Zipf weight (``1 / rank ** exponent``), so a
-    few are hot."""
+    """``hot``: W1 with system prompts drawn by Zipf weight (``1 / rank ** exponent``)."""
     make = _shared_system(
         seed, "hot", _Text(seed), model, prompts=prompts, prompt_tokens=prompt_tokens,
         question_tokens=question_tokens, output_tokens=output_tokens, exponent=exponent,
@@ -414,10 +407,9 @@ def mix(
     unique_tokens: Range = (1000, 6000),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """``mix``: W1 and W6 requests arriving together, one arrival stream at ``rate`` whose
-    requests are W1's (tag ``mix/w1``) with probability ``shared`` and W6's (``mix/w6``)
-    otherwise, so a policy must weigh the cache one kind finds against the prefill the other
-    queues."""
+    """``mix``: W1 and W6 requests arriving together, one arrival stream at ``rate`` whose requests
+    are W1's (tag ``mix/w1``) with probability ``shared`` and W6's (``mix/w6``) otherwise, so a
+    policy must weigh the cache one kind finds against the prefill the other queues."""
     if not 0.0 <= shared <= 1.0:
         raise ValueError(f"shared must be within [0, 1], not {shared}")
     text = _Text(seed)
@@ -455,16 +447,13 @@ def w2_chat(
 ) -> list[Request]:
     """W2: multi-turn chats whose whole history is resent each turn.
 
-    Sessions (``w2-<n>``, also sent as ``x-session-id``) start at ``rate / mean turns`` so the
-    request rate approaches ``rate``. Each has ``turns`` turns; each turn appends a question, is
-    sent with ``max_tokens`` set to the length of the assistant reply that the next turn's history
-    then carries (50 to 400 tokens). A turn is scheduled at the previous turn's *send* time plus
-    a think time of ``min_think`` plus an exponential draw, ``think`` seconds on average in all.
-    The harness is open loop: the turn is sent at that time regardless of whether the previous
-    reply is done, and the history holds the generated reply text, not what the engine answered
-    (so turns of one session can overlap on a server that falls behind). With
-    ``system_tokens`` every session starts with the same system prompt of that size. Turns at or
-    past ``duration`` are dropped.
+    Sessions (``w2-<n>``, also sent as ``x-session-id``) start at ``rate / mean turns``. Each
+    turn appends a question and is sent with ``max_tokens`` the length of the assistant reply
+    the next turn's history carries (50 to 400 tokens), at the previous turn's *send* time plus
+    a think time (``min_think`` plus an exponential draw, ``think`` seconds on average). Open
+    loop: the history holds the generated reply text, not the engine's answer, so turns of one
+    session can overlap on a server that falls behind. With ``system_tokens`` every session
+    starts with the same system prompt of that size. Turns past ``duration`` are dropped.
     """
     _check_range("turns", turns, 1)
     _check_range("question_tokens", question_tokens, 1)
@@ -550,10 +539,9 @@ def w3_agent(
     over shared tool definitions.
 
     Agents (``w3-<n>``) start at ``rate / mean steps``; each uses one of ``toolsets`` sets of
-    ``tools`` function definitions (uniformly), sent in ``tools``, with the set's own shared
-    system prompt, then a task of its own. Step ``k`` sends the system prompt, the task and the
-    ``k`` earlier assistant tool calls, each followed by its tool result. Steps are ``gap`` seconds
-    apart on average (exponential: the model's turn and the tool's run), open loop as in W2.
+    ``tools`` definitions with the set's shared system prompt, then a task of its own. Step
+    ``k`` sends those and the ``k`` earlier tool calls, each followed by its result. Steps are
+    ``gap`` seconds apart on average (exponential), open loop as in W2.
     """
     for name, span in (("tool_tokens", tool_tokens), ("task_tokens", task_tokens),
                        ("steps", steps), ("call_tokens", call_tokens),
@@ -624,10 +612,9 @@ def w4_rag(
     question_tokens: Range = (20, 100),
     output_tokens: Range = (50, 300),
 ) -> list[Request]:
-    """W4: RAG over a corpus of ``documents`` documents with Zipf popularity (document ``d`` has
-    weight ``1 / (d + 1) ** exponent``). Each request is a short shared instruction (system),
-    then one user message holding 1 to 3 different documents, each headed ``Document <d>:``,
-    then a question of its own."""
+    """W4: RAG over ``documents`` documents of Zipf popularity (weight ``1 / (d + 1) ** exponent``):
+    a short shared instruction (system), then one user message of 1 to 3 different documents, each
+    headed ``Document <d>:``, and a question of its own."""
     _check_range("per_request", per_request, 1)
     _check_range("document_tokens", document_tokens, 1)
     _check_range("question_tokens", question_tokens, 1)
@@ -715,12 +702,10 @@ WORKLOADS: dict[str, Callable[..., list[Request]]] = {
 }
 
 
-#: How the traffic starts (``start=``): ``open`` as the arrival process has it; ``burst``: the
-#: first ``start_requests`` requests all at once, at 0; ``serial``: they come one at a time,
-#: ``start_gap`` seconds apart (each alone on the fleet), and the rest follow, shifted by that.
-#: Cache-aware routers are path dependent: where the first requests of each prompt land
-#: decides what every cache holds later (issue 10: peers pin every prompt on one engine when
-#: traffic starts one request at a time).
+#: How the traffic starts: ``open`` as the arrivals have it; ``burst``: the first
+#: ``start_requests`` all at 0; ``serial``: those one at a time, ``start_gap`` seconds apart, the
+#: rest shifted by that. Cache-aware routers are path dependent: where each prompt's first
+#: requests land decides what every cache holds (peers pin every prompt on one engine then).
 STARTS = ("open", "burst", "serial")
 #: Requests ``burst`` and ``serial`` re-time, and ``serial``'s gap, seconds.
 START_REQUESTS = 16

@@ -1,11 +1,10 @@
-"""Swap counting on a host that holds one model at a time (issue 15 item 4), on a Clock.
+"""Swap counting on a host that holds one model at a time, on a Clock.
 
-``run_swaps`` drives the real scheduler (``pharos.sched.Scheduler`` over a real ``State``)
-in front of an in-memory Ollama whose ``/api/ps`` lists the one model it loaded last
-(``OLLAMA_MAX_LOADED_MODELS=1``, or ``memory_gb`` for one model as Pharos is told): each grant
-is a dispatch to the host, held ``service`` seconds; a swap is a dispatch of another model than
-the host's loaded one. No sockets, no real time: the same arrivals give the same swaps, so a
-test can assert them and a benchmark can sweep ``ReplicaRule`` over arrival patterns.
+``run_swaps`` drives the real ``Scheduler`` over a real ``State`` in front of an in-memory
+Ollama whose ``/api/ps`` lists the one model it loaded last (``OLLAMA_MAX_LOADED_MODELS=1``):
+each grant is a dispatch held ``service`` seconds; a swap is a dispatch of another model than
+the loaded one. No sockets, no real time, so a test can assert swaps and a benchmark can sweep
+``ReplicaRule`` over arrival patterns.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``pharos bench pick``: the routing decision's time (spec §15), reported, never asserted."""
+"""``pharos bench pick``: the routing decision's time, reported, never asserted."""
 
 from __future__ import annotations
 
@@ -64,10 +64,9 @@ def bench_pick(candidates: int = 64, prompt_tokens: int = 8000, rounds: int = 20
                seed: int = 1) -> dict[str, Any]:
     """p50/p99 of one decision over ``candidates`` mixed candidates, for both policies.
 
-    A decision here is what the scheduler reads of it to place a request: the target, whether
-    to queue and the winner's terms (``Decision.target_terms``, the lease's estimate). Its
-    reason is built when first read (the reply's headers), so ``cost+index+reason`` times the
-    same decision with its reason read too: what a request that gets an answer pays in all."""
+    A decision is what the scheduler reads to place a request: the target, whether to queue
+    and the winner's terms. Its reason is built when first read (the reply's headers), so
+    ``cost+index+reason`` times the decision with its reason: what an answered request pays."""
     rng = random.Random(seed)
     fleets = [mixed_candidates(candidates, rng) for _ in range(64)]
     results: dict[str, Any] = {
@@ -126,10 +125,9 @@ def _chat(prompt_tokens: int, rng: random.Random) -> Chain:
 
 def _with_index(fleets: list[list[Candidate]], n: int, prompt_tokens: int, rounds: int,
                 rng: random.Random) -> dict[str, Any]:
-    """The cost decision with the prefix index: the lookup of a ``prompt_tokens`` chat of 16
-    messages (recorded, to various depths, on a quarter of the targets, in an index of 50k
-    other entries), then ``pick`` over candidates priced with the matches; apart, the lookup
-    alone and the chain's hashing (done once per request while parsing)."""
+    """The cost decision with the prefix index: the lookup of a 16-message chat (recorded to
+    various depths on a quarter of the targets, among 50k other entries), then ``pick`` over
+    the priced candidates; apart, the lookup alone and the chain's hashing (once per request)."""
     import dataclasses
 
     words = ("harbour", "pilot", "tide", "beacon", "channel", "buoy", "vessel", "keel")
@@ -206,9 +204,8 @@ class _Engine:
 def _scheduler_decide(n: int, ch: Any, prompt_tokens: int, rounds: int,
                       rng: random.Random) -> dict[str, float]:
     """The scheduler's whole decision (``Scheduler.decide``, then the winner's terms) over
-    ``n`` vLLM targets read from in-memory pages on a fake clock: each target's candidate
-    built from its signals and stats, the index lookup, hot-prefix owners, eviction pricing,
-    the pick. The rows above time the lookup and the pick over candidates built beforehand."""
+    ``n`` vLLM targets read from in-memory pages on a fake clock: candidates built from
+    signals and stats, the index lookup, hot-prefix owners, eviction pricing, the pick."""
     one, stop = decide_fleet(n, ch, prompt_tokens, rng)
     time_calls(one, 1000)
     out = _summary(time_calls(one, max(1000, rounds // 4)))
@@ -228,10 +225,9 @@ def _scheduler_decide_written(n: int, ch: Any, prompt_tokens: int, rounds: int,
 
 def decide_fleet(n: int, ch: Any, prompt_tokens: int, rng: random.Random, written: int = 0
                  ) -> tuple[Callable[[], object], Callable[[], None]]:
-    """The ``decide`` row's fleet, state and scheduler: one decision as a call (each with the
-    next seed), and what stops the state's service (for scripts that time it otherwise).
-    ``written``: targets written before each decision, the next ones in turn, as a dispatch
-    or a reply writes its target (the ``decide/1w`` row: the kept fleet rebuilds those)."""
+    """The ``decide`` row's fleet: one decision as a call (each with the next seed), and what
+    stops the state's service. ``written``: targets written before each decision, in turn, as
+    a dispatch or reply writes its target (the ``decide/1w`` row: the fleet rebuilds those)."""
     from twisted.internet.task import Clock
 
     from pharos.config import Backend
@@ -275,8 +271,7 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "processor": platform.processor() or None,
-            # the policy and the chain's common links compiled by mypyc, or why each is
-            # interpreted (``pharos.compiled``)
+            # mypyc-compiled policy and chain links, or why not (``pharos.compiled``)
             "policy": compiled.status.get("pharos.policy"),
             "linkhash": compiled.status.get("pharos.linkhash")}
 
