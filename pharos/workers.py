@@ -10,8 +10,7 @@ twistd's process is a ``Supervisor`` that serves nothing itself:
   connections over the workers' sockets by address hash; a worker that ends takes its socket
   out of the spread. (``LISTEN_MODES``: the alternative is one listening socket passed to
   every worker as fd 3, which keeps a dead worker's queued connections for the others but
-  put a burst of 64 simultaneous connections 17:47 on two workers where SO_REUSEPORT put
-  them 29:35; ``contrib/bench/workers-2026-12-02``.)
+  spreads a burst of simultaneous connections less evenly.)
 - **Shared state through the peer protocol.** Each worker is a peer of the others over
   loopback (``pharos.peer``: prefix ops, gauges, usage cells and reservations, snapshot pulls
   at start), with a private listener the supervisor binds on 127.0.0.1 and passes as fd 4, a
@@ -87,15 +86,9 @@ from pharos.service import ListenError, PharosService, listen_error
 log = Logger()
 
 #: Seconds between deltas from one worker to another (a mesh across machines uses
-#: ``pharos.peer.node.TICK``, 0.2 s): a reservation must reach the siblings before the next
-#: request for the same key is likely to arrive, or the daily budget is passed by more than
-#: one in-flight request per worker. Each delta costs CPU on both sides (measured idle on the
-#: 2-core VM, 2026-12-02: 8.8 % of a core per worker at 20 ms, 5.5 % at 50 ms, against 0.2 %
-#: for one process), so this is the trade: requests shorter than it may overshoot a budget.
-#: Since then an idle tick sends nothing but a keep-alive every ``pharos.peer.node.KEEPALIVE``
-#: and a reservation against a budget goes on the next reactor turn (``PeerNode.kick``), so
-#: the tick now bounds only how late prefix records and gauges arrive
-#: (contrib/bench/workers-2026-12-02b).
+#: ``pharos.peer.node.TICK``, 0.2 s). A reservation against a budget goes on the next reactor
+#: turn (``PeerNode.kick``) and an idle tick sends only a keep-alive, so the tick bounds how
+#: late prefix records and gauges reach the siblings; a shorter one costs CPU on both sides.
 WORKER_TICK: Final = 0.05
 #: Restart backoff: the first restart after this many seconds, doubling up to the maximum.
 RESTART_MIN: Final = 1.0
@@ -108,8 +101,8 @@ METRICS_TIMEOUT: Final = 2.0
 ORPHAN_CHECK: Final = 1.0
 #: Seconds past the drain's own timeout and grace before a worker that has not ended is killed.
 STOP_MARGIN: Final = 30.0
-#: How the workers share the public port (``PHAROS_WORKERS_LISTEN``, for benchmarks; see
-#: ``contrib/bench/workers-2026-12-02``): ``reuseport``, a socket per worker with SO_REUSEPORT,
+#: How the workers share the public port (``PHAROS_WORKERS_LISTEN``, for benchmarks):
+#: ``reuseport``, a socket per worker with SO_REUSEPORT,
 #: the kernel spreading connections by address hash; ``shared``, one socket, each worker
 #: accepting one connection per wake-up, so the worker that wakes first takes the next one;
 #: ``shared-burst``, the same socket with Twisted's accept loop (up to 100 connections per

@@ -1,4 +1,4 @@
-"""The live map (seed 003, issue 12 item 3): ``/live`` draws the fleet on a canvas with a pulse
+"""The live map: ``/live`` draws the fleet on a canvas with a pulse
 per request, fed by ``/live/events``, a Server-Sent Events stream of prompt-free lifecycle
 events.
 
