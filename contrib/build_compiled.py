@@ -14,7 +14,6 @@ one. Nothing is built when the file there is already current.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import subprocess
@@ -47,12 +46,18 @@ def build(name: str, source: Path) -> Path:
     while a top-level module is one file, whose ``PyInit_policy`` the finder's import as
     ``pharos.policy`` calls (compiled classes say ``policy`` as their ``__module__``)."""
     data = source.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
+    digest = compiled.source_digest(str(source))
     out = Path(compiled.artifact(str(source)))
     stem = name.rpartition(".")[2]
     with tempfile.TemporaryDirectory(prefix="pharos-mypyc-") as tmp:
         Path(tmp, stem + ".py").write_bytes(
             data + f'\n\nSOURCE_SHA256 = "{digest}"\n'.encode())
+        # The compiled modules it imports, as sources to type-check against (not compiled
+        # with it: at run time it imports them as any module does).
+        for dep in compiled.IMPORTS.get(stem, ()):
+            Path(tmp, "pharos").mkdir(exist_ok=True)
+            Path(tmp, "pharos", "__init__.py").touch()
+            shutil.copyfile(source.with_name(dep), Path(tmp, "pharos", dep))
         subprocess.run([sys.executable, "-m", "mypyc", stem + ".py"], cwd=tmp, check=True)
         (built,) = [p for p in Path(tmp).iterdir()
                     if p.name.startswith(stem + ".") and p.suffix in (".so", ".pyd")]

@@ -1,5 +1,5 @@
-"""Compiled modules: ``pharos.policy`` and ``pharos.linkhash`` compiled by mypyc, each
-imported in place of its source only when it was built from that very source.
+"""Compiled modules: ``pharos.policy``, ``pharos.linkhash`` and ``pharos.reasons`` compiled by
+mypyc, each imported in place of its source only when it was built from that very source.
 
 Interpreted, the pick's per-candidate arithmetic is about half of a decision. ``make install``
 builds ``pharos/policy.mypyc<EXT_SUFFIX>`` (``contrib/build_compiled.py``, embedding the
@@ -21,7 +21,10 @@ from types import ModuleType
 from typing import Final
 
 #: The modules built by ``contrib/build_compiled.py``.
-COMPILED: Final = ("pharos.policy", "pharos.linkhash")
+COMPILED: Final = ("pharos.policy", "pharos.linkhash", "pharos.reasons")
+#: The sources (beside it) a compiled module was type-checked against besides its own: part of
+#: its digest, so a change there rebuilds it.
+IMPORTS: Final = {"reasons": ("policy.py",)}
 #: The environment variable that, set to ``0``, imports the sources (A/B, debugging).
 ENV: Final = "PHAROS_COMPILED"
 #: How each module of ``COMPILED`` was imported in this process: ``compiled``, or
@@ -35,11 +38,16 @@ def artifact(source: str) -> str:
 
 
 def source_digest(path: str) -> str:
-    """The SHA-256 of a source file, as the build embeds it (``SOURCE_SHA256``)."""
+    """The SHA-256 of a source file and of the sources it was compiled against (``IMPORTS``),
+    as the build embeds it (``SOURCE_SHA256``)."""
     import hashlib
 
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    stem = os.path.basename(path)[: -len(".py")]
+    for name in (os.path.basename(path), *IMPORTS.get(stem, ())):
+        with open(os.path.join(os.path.dirname(path), name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 def load(name: str, source: str) -> tuple[ModuleType | None, str]:

@@ -271,9 +271,10 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "implementation":
             platform.python_implementation(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "processor": platform.processor() or None,
-            # mypyc-compiled policy and chain links, or why not (``pharos.compiled``)
+            # mypyc-compiled policy, chain links and wording, or why not (``pharos.compiled``)
             "policy": compiled.status.get("pharos.policy"),
-            "linkhash": compiled.status.get("pharos.linkhash")}
+            "linkhash": compiled.status.get("pharos.linkhash"),
+            "reasons": compiled.status.get("pharos.reasons")}
 
 
 def main_pick(argv: list[str]) -> int:
