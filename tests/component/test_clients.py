@@ -3,9 +3,9 @@
 and JS clients, LangChain's ChatOpenAI, the Anthropic Python SDK and Claude Code, with a key,
 streamed and not, against an Ollama-like engine double and llama.cpp's recorded replies. Each
 ``*_capture`` test records what its client sent through a sink in front of Pharos and fails
-with the diff against the committed capture in tests/clients/<client>/<version>/ (README:
-Clients); ``PHAROS_RECORD_CLIENTS=1`` re-records. test_clients_replay.py replays the captures,
-test_clients_live.py runs the clients against a real llama.cpp."""
+with the diff against the committed capture in tests/clients/<client>/<version>/
+(docs/clients.rst); ``PHAROS_RECORD_CLIENTS=1`` re-records. test_clients_replay.py replays
+the captures, test_clients_live.py runs the clients against a real llama.cpp."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ async def test_claude_code_on_llamacpp(llama_ends_turns: engines.RunningEngine,
 
 
 def test_live_clients_use_the_pinned_versions() -> None:
-    """The live tests run the versions the captures were recorded with (README: Clients)."""
+    """The live tests run the versions the captures were recorded with (docs/clients.rst)."""
     lock = json.loads((CLIENTS / "package-lock.json").read_text())
     pinned = lock["packages"]["node_modules/@anthropic-ai/claude-code"]["version"]
     assert node_version("@anthropic-ai/claude-code") == pinned

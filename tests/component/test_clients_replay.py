@@ -170,7 +170,7 @@ async def test_capture_replays(client: str, version: str) -> None:
 
 def test_every_driven_client_has_a_capture() -> None:
     """Each client test_clients.py drives, and Open WebUI's two connections (recorded by
-    hand, README: Clients), has at least one committed capture to replay."""
+    hand, docs/clients.rst), has at least one committed capture to replay."""
     clients = {c for c, _ in all_captures()}
     assert {"openai-python", "openai-node", "ollama-python", "ollama-js", "langchain-openai",
             "anthropic-python", "claude-code", "open-webui", "open-webui-ollama"} <= clients

@@ -1,6 +1,5 @@
-"""Every YAML config example in README.rst passes ``pharos check`` (issue 10 item 8): the
-documentation cannot drift from the parser, and a refused section cannot hide in an
-example."""
+"""Every YAML config example in README.rst passes ``pharos check``: the README cannot drift
+from the parser, and a refused section cannot hide in an example."""
 
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ def test_readme_config_example_passes_pharos_check(n: int, tmp_path: Path) -> No
 
 
 def test_state_file_and_drain_sections_load(tmp_path: Path) -> None:
-    """``state_file:`` and ``drain:`` are built (issue 13): load_config (pharos check,
-    start-up) takes them, durations in the README's spelling."""
+    """``state_file:`` and ``drain:`` are built: load_config (pharos check, start-up)
+    takes them, durations in the documentation's spelling."""
     path = tmp_path / "pharos.yaml"
     path.write_text("state_file: /var/lib/pharos/state.json\ndrain: {grace: 5s, timeout: 10m}\n")
     config = load_config(path)
@@ -41,7 +40,7 @@ def test_state_file_and_drain_sections_load(tmp_path: Path) -> None:
 
 
 def test_null_turns_every_guard_off() -> None:
-    """In routing:, null turns each guard off, as the README says; prefix_entries: null is
+    """In routing:, null turns each guard off, as docs/routing.rst says; prefix_entries: null is
     the default size."""
     r = parse_config("routing:\n  bounded_load_epsilon: null\n  kv_pressure_threshold: null\n"
                      "  hot_prefix_utilization: null\n  session_affinity: null\n"

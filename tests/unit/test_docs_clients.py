@@ -1,7 +1,7 @@
-"""README.rst's "Clients" table (issue 18 item 6) cannot drift from the tests and captures it
-points at: every row names a test that exists, the version it gives is the one pinned (setup.cfg
-or tests/clients/package-lock.json) and has a committed capture, and every committed capture's
-client has a row."""
+"""The table of tested clients in docs/clients.rst cannot drift from the tests and captures
+it points at: every row names a test that exists, the version it gives is the one pinned
+(setup.cfg or tests/clients/package-lock.json) and has a committed capture, and every committed
+capture's client has a row."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 from tests.support.sink import all_captures, versions
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.rst"
+PAGE = ROOT / "docs" / "clients.rst"
 TESTS = ROOT / "tests"
 #: Each row's client (how its first cell starts) -> its capture folder(s) under tests/clients and
 #: where its version is pinned: ("pypi", distribution), ("npm", package) or None (installed by
-#: hand, README says how).
+#: hand, the page says how).
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, str] | None]] = {
     "OpenAI Python SDK": (("openai-python",), ("pypi", "openai")),
     "OpenAI Node SDK": (("openai-node",), ("npm", "openai")),
@@ -34,11 +34,11 @@ HEADER = ["Client", "Version", "Routes it uses", "What Pharos does for it",
 
 
 def clients_table() -> list[list[str]]:
-    """The rows of the list-table under the "Clients" heading, each a list of its cells'
-    text (continuation lines joined by a space), the header row first."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    start = lines.index("Clients")
-    assert lines[start + 1].startswith("-------"), "Clients is not a section heading"
+    """The rows of the list-table under the "Tested clients" heading, each a list of its
+    cells' text (continuation lines joined by a space), the header row first."""
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    start = lines.index("Tested clients")
+    assert lines[start + 1].startswith("-------"), "Tested clients is not a section heading"
     at = next(i for i in range(start, len(lines)) if lines[i].startswith(".. list-table::"))
     rows: list[list[str]] = []
     for line in lines[at + 1:]:
@@ -128,14 +128,14 @@ def test_every_row_names_tests_that_exist() -> None:
 
 
 def test_every_rows_version_is_pinned_and_captured() -> None:
-    """Each row's version is the version pinned for the tests (a bump without the README
+    """Each row's version is the version pinned for the tests (a bump without the page
     fails) and has a committed capture in each of the client's capture folders."""
     for row in clients_table()[1:]:
         key = row_client(row)
         folders, where = ROWS[key]
         version = row[1]
         if where is not None:
-            assert version == pinned(where), f"{key}: README says {version}, pinned " \
+            assert version == pinned(where), f"{key}: the page says {version}, pinned " \
                                              f"{pinned(where)}"
         for folder in folders:
             assert version in versions(folder), f"{key}: no capture {folder}/{version}"
