@@ -219,7 +219,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``pharos check -c FILE``: 0 when the file is a valid config, else 1 with every error."""
-    from pharos.config import ConfigError, load_config
+    from pharos.config import ConfigError, exposure_warning, load_config
 
     try:
         cfg = load_config(args.config)
@@ -231,6 +231,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{args.config}: {e.strerror}", file=sys.stderr)
         return 1
     print(f"{args.config}: ok ({len(cfg.backends)} backends, {len(cfg.keys)} keys)")
+    risk = exposure_warning(cfg)
+    if risk is not None:
+        print(f"warning: {risk}")
     return 0
 
 

@@ -28,7 +28,14 @@ from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 
-from pharos.config import Backend, Config, Reloaded, Responses, read_peer_secret
+from pharos.config import (
+    Backend,
+    Config,
+    Reloaded,
+    Responses,
+    exposure_warning,
+    read_peer_secret,
+)
 from pharos.discovery.docker import DockerAPI
 from pharos.discovery.service import Discovery
 from pharos.engine.fetch import make_client
@@ -61,7 +68,7 @@ from pharos.proxy.exchange import EngineLeg, Inflight
 from pharos.proxy.live import Live, LiveConfig
 from pharos.proxy.manage import ModelManager
 from pharos.proxy.public import PublicAPI
-from pharos.proxy.site import Authorized, PublicRoot
+from pharos.proxy.site import Authorized, MetricsGate, PublicRoot
 from pharos.proxy.stream_body import streaming_request_factory
 from pharos.reload import ConfigWatcher, Sighup
 from pharos.responses import ConversationStore, StoreCollector, read_key
@@ -173,6 +180,8 @@ class Reconfigure:
         self.discovery.set_static(config.backends, config.dns_backends)
         if old.fleet.names != new.fleet.names:  # a changed rename re-resolves those backends
             self.backends.set(self.backends.specs)
+        if not old.keyring.open and (risk := exposure_warning(config)) is not None:
+            log.warn("the reload removed every key: {risk}", risk=risk)
 
 
 # --- the service -----------------------------------------------------------------------------
@@ -508,8 +517,8 @@ def public_site(config: Config, public: PublicAPI, admin: AdminAPI, pages: Pages
     gate = Authorized(public.live, admin.app.resource(), {b"status": pages_app,
                                                           b"live": pages_app})
     root = PublicRoot(public.app.resource(), {
-        b"metrics": metrics, b"healthz": health, b"admin": gate, b"usage": gate,
-        b"status": gate, b"live": gate})
+        b"metrics": MetricsGate(public.live, metrics), b"healthz": health, b"admin": gate,
+        b"usage": gate, b"status": gate, b"live": gate})
     t = config.timeouts
     return PublicSite(root, track=drain.track, head_deadline=t.request_headers,
                       body_deadline=t.request_body, idle=t.idle,

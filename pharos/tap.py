@@ -10,7 +10,7 @@ from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.python import usage
 
-from pharos.config import Config, ConfigError, load_config
+from pharos.config import Config, ConfigError, exposure_warning, load_config
 from pharos.discovery.docker import socket_from_env
 from pharos.service import PharosService
 
@@ -64,6 +64,11 @@ def makeService(options: Options) -> IService:
     """Wire the service tree from the parsed config (or the demo fleet)."""
     from twisted.internet import reactor
 
+    parsed: Config | None = options["parsed"]
+    if parsed is not None and options["worker"] is None:  # workers: their supervisor says it
+        risk = exposure_warning(parsed)
+        if risk is not None:
+            log.warn("{risk}", risk=risk)
     if options["demo"]:  # the engine doubles are imported only for the demo
         from pharos.sim.demo import demo_service
 

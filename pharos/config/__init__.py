@@ -45,6 +45,7 @@ from pharos.config.model import (
     UsageConfig,
     available_cores,
     backend_url,
+    exposure_warning,
 )
 from pharos.config.probes import DEFAULT_SCALE, SCALES, LogFeed, LogSpec, OwnProbe, PromSpec
 
@@ -56,6 +57,6 @@ __all__ = [
     "CostModel", "DecisionLogConfig", "DnsBackends", "DrainConfig", "Key", "Listen", "LogFeed",
     "LogSpec", "Observability", "OwnProbe", "PeersConfig", "Policy", "PromSpec", "Reloaded",
     "Responses", "RoutingConfig", "Tenant", "Timeouts", "UsageConfig", "available_cores",
-    "backend_url", "file_name", "load_config", "parse_config", "parse_duration", "read_peer_secret",
-    "reload_diff", "with_live",
+    "backend_url", "exposure_warning", "file_name", "load_config", "parse_config",
+    "parse_duration", "read_peer_secret", "reload_diff", "with_live",
 ]

@@ -12,7 +12,7 @@ import os
 import re
 import urllib.parse
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeAlias, get_args
@@ -47,7 +47,9 @@ BackendKind: TypeAlias = Literal[
 POLICIES: Final[tuple[Policy, ...]] = get_args(Policy)
 BACKEND_KINDS: Final[tuple[BackendKind, ...]] = get_args(BackendKind)
 
-DEFAULT_LISTEN: Final = ":8090"
+#: Loopback only: without keys the admin routes answer loopback clients alone, so a listener
+#: on every interface is the operator's explicit choice (``listen: ":8090"``).
+DEFAULT_LISTEN: Final = "127.0.0.1:8090"
 DEFAULT_PEER_LISTEN: Final = ":8081"
 #: The tenant of a key that names none: with no ``tenants:`` every key shares it, and the fair
 #: queue is the one-tenant case (weighted round-robin over keys).
@@ -79,6 +81,26 @@ _IPV6_PORT = re.compile(r"\[(?P<host>[^\]]+)\]:(?P<port>[0-9]+)")
 _ENDPOINT = re.compile(r"(?P<type>[A-Za-z][A-Za-z0-9_+-]*):(?P<rest>.*)", re.DOTALL)
 _HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Digest(Text):
+    """A key's SHA-256 as ``keys[].sha256`` and ``observability.metrics_key`` take it; the
+    error of anything else (a placeholder copied from the docs) says where one comes from."""
+
+    what: str = "64 lowercase hex digits"
+    check: Callable[[str], object] | None = _SHA256.fullmatch
+    pattern: str | None = "^[0-9a-f]{64}$"
+
+    def parse(self, p: Parser, raw: object, path: str) -> str | None:
+        if isinstance(raw, str) and _SHA256.fullmatch(raw):
+            return raw
+        p.error(path, f"expected {self.what}, got {show(raw)}: run `pharos keys new` and "
+                      f"paste the sha256 it prints")
+        return None
+
+
+SHA256_HEX: Final = Digest()
 
 
 def _port(digits: str) -> int:
@@ -130,6 +152,28 @@ class Listen:
     def port(self) -> int | None:
         """The TCP port, when the address names one (peers.dns without a port takes it)."""
         return _parse_listen(self.address)[1]
+
+    def loopback(self) -> bool:
+        """Whether only this host can reach the address: a TCP interface on loopback
+        (``127.0.0.0/8``, ``::1``, ``localhost``) or a UNIX socket. Every interface, another
+        address, or an endpoint kind not known here is not."""
+        desc = _parse_listen(self.address)[0]
+        kind, _, rest = desc.partition(":")
+        if kind.lower() == "unix":
+            return True
+        if kind.lower() not in ("tcp", "tcp6"):
+            return False
+        host = ""
+        for part in re.split(r"(?<!\\):", rest)[1:]:
+            name, _, value = part.partition("=")
+            if name == "interface":
+                host = value.replace("\\:", ":").replace("\\\\", "\\")
+        if host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
 
 
 def _listen(p: Parser, raw: object, path: str) -> Listen | None:
@@ -363,9 +407,7 @@ class Key:
     and an empty ``models`` allows every model."""
 
     name: str = setting(Text(), "the key's name: usage is recorded by it", example="alice")
-    sha256: str = setting(Text("64 lowercase hex digits", _SHA256.fullmatch,
-                               pattern="^[0-9a-f]{64}$"),
-                          "the SHA-256 of the secret (pharos keys new --name NAME)")
+    sha256: str = setting(SHA256_HEX, "the SHA-256 of the secret (pharos keys new --name NAME)")
     rpm: int | None = setting(_COUNT, _LIMIT, default=None)
     tokens_per_day: int | None = setting(_COUNT, "tokens a day (none: unlimited)",
                                          default=None)
@@ -480,7 +522,7 @@ class DecisionLogConfig:
 
 @dataclass(frozen=True, slots=True)
 class Observability:
-    """Logs of routing decisions and config generations."""
+    """Logs of routing decisions and config generations, and who may read ``/metrics``."""
 
     decision_log: DecisionLogConfig | None = setting(
         Section(DecisionLogConfig), "a JSON line per sampled routing decision (none: off)",
@@ -488,6 +530,10 @@ class Observability:
     shadow_log: str | None = setting(_FILE, "JSON lines of every config generation and shadow "
                                      "decision, for pharos replay-shadow (none: off)",
                                      default=None)
+    metrics_key: str | None = setting(
+        SHA256_HEX, "the SHA-256 of a token that reads /metrics from other hosts (pharos keys "
+        "new); an admin key does too; loopback clients need none (none: an admin key, or "
+        "loopback only without keys)", default=None, live=True)
 
 
 def _share(low: float) -> Number:
@@ -656,7 +702,8 @@ _MODELS_SCHEMA = {"type": "array", "items": {
 class Config:
     """The whole config file; ``Config()`` is what an empty file means."""
 
-    listen: Listen = setting(LISTEN, "the public port's address", default=Listen(DEFAULT_LISTEN))
+    listen: Listen = setting(LISTEN, "the public port's address (by default this host "
+                             "only; \":8090\": every interface)", default=Listen(DEFAULT_LISTEN))
     policy: Policy = setting(Choice(POLICIES), "the routing policy", default="cost", live=True)
     backends: tuple[Backend, ...] = setting(BACKENDS, "the engines: a url entry each, or a dns "
                                             "entry for every address of a name", default=(),
@@ -713,3 +760,14 @@ def _check_config(p: Parser, m: dict[str, Any], values: dict[str, Any], path: st
 
 
 CONFIG: Final = Section(Config, _check_config)
+
+
+def exposure_warning(config: Config) -> str | None:
+    """The risk of ``config`` in a line, when it listens beyond this host without keys (a
+    start logs it, ``pharos check`` prints it): ``None`` when it does not."""
+    if config.keys or config.listen.loopback():
+        return None
+    return (f"listen {config.listen.address!r} is not loopback and no keys are configured: "
+            f"anyone who can reach it may use every model through Pharos without a key; the "
+            f"admin routes, /usage, the pages, model management and /metrics answer loopback "
+            f"clients only until keys are configured (pharos keys new; docs: Security)")

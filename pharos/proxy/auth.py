@@ -7,8 +7,9 @@ so its time says nothing of how much of a guess was right; the found entry's dig
 compared again with ``hmac.compare_digest``.
 
 Clients send ``Authorization: Bearer KEY`` (OpenAI's SDKs, ollama's client) or ``x-api-key:
-KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is ``anonymous``
-and may do everything.
+KEY`` (Anthropic's SDKs, Claude Code). With no keys configured every client is ``anonymous``,
+an admin, but the routes an admin alone may use then answer loopback clients only
+(``pharos.proxy.site.require_loopback``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Identity:
         return self.models is None or model in self.models
 
 
-#: Who calls while no keys are configured: everything allowed, nothing limited.
+#: Who calls while no keys are configured: nothing limited; the admin routes are loopback-only.
 OPEN = Identity(ANONYMOUS, admin=True)
 
 

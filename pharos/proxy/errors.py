@@ -108,5 +108,11 @@ def admin_only() -> ApiError:
                     code="admin_required")
 
 
+def loopback_only() -> ApiError:
+    return ApiError(403, "no keys are configured: this route answers loopback clients only; "
+                         "configure keys (docs: Security)", type="permission_error",
+                    code="loopback_only")
+
+
 def upstream(message: str, status: int = 502) -> ApiError:
     return ApiError(status, message, type="server_error", code="upstream_error")

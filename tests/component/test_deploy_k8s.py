@@ -3,15 +3,16 @@
 Every manifest validates, strictly (unknown fields refused), against the Kubernetes OpenAPI
 schemas that the ``kubernetes-validate`` package ships, for the oldest and the newest release
 it is pinned to here; then the manifests are cross-checked against each other and against
-Pharos: the ConfigMap's config passes ``pharos check`` with the Secret's peer secret where the
-Deployment mounts it, ``peers.dns`` names the headless Service, probes and Services use the
-config's ports, the grace period covers the drain, and every selector finds the pods.
+Pharos: the ConfigMap's config passes ``pharos check`` once its placeholder keys are filled,
+with the Secret's peer secret where the Deployment mounts it, ``peers.dns`` names the
+headless Service, probes and Services use the config's ports, the grace period covers the
+drain, and every selector finds the pods.
 """
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from pharos.config import load_config
+from pharos.proxy.auth import new_key
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (setup.cfg's test extra)")
@@ -114,10 +116,18 @@ def mount_of(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return mount, volume
 
 
-def configmap_config(tmp_path: Path) -> Path:
+#: The ConfigMap's key entries: placeholders ``pharos check`` refuses.
+PLACEHOLDER = '"<sha256 from pharos keys new>"'
+
+
+def configmap_config(tmp_path: Path, fill_keys: bool = True) -> Path:
     """The ConfigMap's config as the pod sees it, with the Secret's peer secret written where
-    the config names it (moved under ``tmp_path``): what ``pharos check`` reads in the pod."""
+    the config names it (moved under ``tmp_path``): what ``pharos check`` reads in the pod.
+    ``fill_keys``: each placeholder key entry replaced by a fresh key's digest, as the
+    operator following the comments does."""
     text = the("ConfigMap")["data"]["pharos.yaml"]
+    if fill_keys:
+        text = re.sub(re.escape(PLACEHOLDER), lambda m: new_key()[1], text)
     secret_file = yaml.safe_load(text)["peers"]["secret_file"]
     mount, volume = mount_of(secret_file)
     secret = the("Secret", volume["secret"]["secretName"])
@@ -131,12 +141,20 @@ def configmap_config(tmp_path: Path) -> Path:
 
 
 def test_configmap_config_passes_pharos_check(tmp_path: Path) -> None:
-    """The ConfigMap's pharos.yaml, mounted at the image CMD's path, passes ``pharos check``
-    with the peer secret read from the Secret item the Deployment mounts at
-    ``peers.secret_file``; an empty secret fails it."""
+    """The ConfigMap's pharos.yaml, mounted at the image CMD's path, is refused by ``pharos
+    check`` as shipped (its key entries are placeholders: the message names the field and
+    ``pharos keys new``), and passes once each holds a key's digest, with the peer secret
+    read from the Secret item the Deployment mounts at ``peers.secret_file``; an empty
+    secret fails it."""
     mount, volume = mount_of(IMAGE_CONFIG)
     assert volume["configMap"]["name"] == the("ConfigMap")["metadata"]["name"]
     assert "subPath" not in mount, "a subPath mount never sees ConfigMap updates (hot reload)"
+    shipped = configmap_config(tmp_path, fill_keys=False)
+    r = subprocess.run([PHAROS, "check", "-c", str(shipped)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1, r.stdout
+    assert "keys[0].sha256" in r.stderr and "keys[1].sha256" in r.stderr, r.stderr
+    assert "pharos keys new" in r.stderr, r.stderr
     cfg = configmap_config(tmp_path)
     r = subprocess.run([PHAROS, "check", "-c", str(cfg)], capture_output=True, text=True,
                        timeout=60)
@@ -147,14 +165,16 @@ def test_configmap_config_passes_pharos_check(tmp_path: Path) -> None:
     assert r.returncode == 1 and "peers.secret_file" in r.stderr, r.stderr
 
 
-def test_secret_keys_match_the_configs_hashes(tmp_path: Path) -> None:
-    """Each client key in the Secret has its SHA-256 in the config's keys (Pharos stores only
-    that), and the pods mount the peer secret alone, readable by the image's user only."""
+def test_secret_keys_name_the_configs_keys_and_are_placeholders(tmp_path: Path) -> None:
+    """Each client key in the Secret is named after a key of the config, and both are
+    placeholders (no example key anyone could copy and use), and the pods mount the peer
+    secret alone, readable by the image's user only."""
     cfg = load_config(configmap_config(tmp_path))
     secret = the("Secret")
     keys = {k: v for k, v in secret["stringData"].items() if k.startswith("key-")}
-    assert {f"key-{k.name}": k.sha256 for k in cfg.keys} == {
-        name: hashlib.sha256(value.encode()).hexdigest() for name, value in keys.items()}
+    assert {f"key-{k.name}" for k in cfg.keys} == set(keys)
+    assert all(value.startswith("<") for value in keys.values()), keys
+    assert the("ConfigMap")["data"]["pharos.yaml"].count(PLACEHOLDER) == len(cfg.keys)
     (volume,) = [v for v in pod_spec()["volumes"] if "secret" in v]
     assert [i["key"] for i in volume["secret"]["items"]] == ["peer-secret"]
     assert volume["secret"]["defaultMode"] & 0o007 == 0

@@ -126,7 +126,7 @@ def test_empty_file_is_all_defaults(text: str) -> None:
     """An empty file is a valid config: no backends, no keys, and the spec's defaults."""
     config = parse(text)
     assert config == Config()
-    assert config.listen.strports() == "tcp:8090:backlog=1024"
+    assert config.listen.strports() == "tcp:8090:interface=127.0.0.1:backlog=1024"
     assert config.policy == "cost"
     assert (config.backends, config.keys, config.state_file, config.peers) == ((), (), None, None)
     assert config.usage == UsageConfig(timezone=None, retention_days=400)

@@ -143,20 +143,24 @@ def test_routing_guards_apply_live_and_the_index_size_waits(tmp_path: Path) -> N
 
 def test_reload_diff_names_live_and_restart_fields() -> None:
     """Timeouts are live except the header deadline (the listening site holds it); usage,
-    observability and drain need a restart; with_live takes only the live ones; names are
-    shown as the file spells them."""
+    the decision log and drain need a restart, ``observability.metrics_key`` does not;
+    with_live takes only the live ones; names are shown as the file spells them."""
     old = Config()
     new = Config(timeouts=Timeouts(stream_idle=5.0, request_headers=3.0,
                                    first_byte_generate=60.0),
                  usage=UsageConfig(retention_days=10), drain=DrainConfig(grace=1.0),
-                 observability=Observability(DecisionLogConfig("/tmp/d.jsonl")))
+                 observability=Observability(DecisionLogConfig("/tmp/d.jsonl"),
+                                             metrics_key="0" * 64))
     live, restart = reload_diff(old, new)
-    assert live == ["timeouts.first_byte_generate", "timeouts.stream_idle"]
-    assert file_name(live[0]) == "timeouts.first_byte.generate"
-    assert restart == ["usage", "drain", "observability", "timeouts.request_headers"]
+    assert live == ["observability.metrics_key", "timeouts.first_byte_generate",
+                    "timeouts.stream_idle"]
+    assert file_name(live[1]) == "timeouts.first_byte.generate"
+    assert restart == ["usage", "drain", "observability.decision_log",
+                       "timeouts.request_headers"]
     running = with_live(old, new, live)
     assert running.timeouts == Timeouts(stream_idle=5.0, first_byte_generate=60.0)
     assert running.usage == old.usage and running.drain == old.drain
+    assert running.observability == Observability(metrics_key="0" * 64)
 
 
 class FakeReactor:
