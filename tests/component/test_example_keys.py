@@ -65,3 +65,13 @@ def test_check_refuses_each_example_key_entry(tmp_path: Path, where: str, field:
     assert name in r.stderr and "pharos keys new" in r.stderr, r.stderr
     with pytest.raises(ConfigError):
         load_config(str(cfg))
+
+
+def test_the_readme_example_keys_are_no_common_words_hash() -> None:
+    """The README's config must pass ``pharos check``, so its two key entries are real
+    digests: of random bytes nobody holds, never of a word anyone could guess."""
+    readme = (ROOT / "README.rst").read_text()
+    digests = [m["value"].strip("\"'") for m in SHA256_LINE.finditer(readme)]
+    assert len(digests) == 2, digests
+    words = {hashlib.sha256(w.encode()).hexdigest() for w in WORDS}
+    assert not words & set(digests)
