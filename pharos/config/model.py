@@ -35,7 +35,6 @@ from pharos.config.kinds import (
 )
 from pharos.config.probes import LOG_FEED, PROBES, LogFeed, OwnProbe
 from pharos.hot import UTILIZATION
-from pharos.models import ModelSpec, parse_models, parse_shadow, parse_split
 from pharos.placement import LOAD_WAIT_BOUND_SEC, REPLICA_UTILIZATION
 from pharos.policy import BOUNDED_LOAD_EPSILON, KV_PRESSURE_THRESHOLD
 from pharos.prefix import DEFAULT_CAPACITY
@@ -244,9 +243,9 @@ _SECONDS = Number("a number of seconds >= 0", low=0)
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """A backend's measured prefill cost, ``P(u, c) = a·u + b·u·(c + u/2) + d`` seconds for
-    ``u`` uncached tokens after ``c`` cached ones (``pharos calibrate`` prints it). Routing
-    prices the backend's prefills with it instead of the learned per-token speed."""
+    """A measured prefill cost, ``P(u, c) = a·u + b·u·(c + u/2) + d`` seconds for ``u``
+    uncached tokens after ``c`` cached ones (``pharos calibrate`` prints it). Routing prices
+    the prefills with it instead of the learned per-token speed."""
 
     prefill_token_s: float = setting(_SECONDS, "a: seconds per uncached token", example=1e-4)
     prefill_pair_s: float = setting(_SECONDS, "b: seconds per token pair", example=3e-9)
@@ -541,13 +540,50 @@ def _share(low: float) -> Number:
 
 
 _GUARD = Bool("true, false or null (off)")
-_SPLIT_SCHEMA = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
-                 "propertyNames": {"enum": list(POLICIES)}}
-SPLIT: Final = Custom("a mapping of policy to percent", lambda p, raw, path: parse_split(
-    raw, path, p.error), _SPLIT_SCHEMA, lambda split: None if split is None else dict(split))
-SHADOW: Final = Custom("a list of policies", lambda p, raw, path: parse_shadow(
-    raw, path, p.error), {"type": "array", "items": {"enum": list(POLICIES)},
-                          "uniqueItems": True})
+_POLICY = Choice(POLICIES)
+#: A split's weights add up to this.
+SPLIT_TOTAL: Final = 100
+
+
+def _split(p: Parser, raw: object, path: str) -> tuple[tuple[str, int], ...] | None:
+    """``{policy: weight, ...}`` adding up to 100. None (reported) when anything is wrong: a
+    split is applied whole or not at all."""
+    if not isinstance(raw, dict) or not raw:
+        return p.expected(path, "a mapping of policy to percent", raw)
+    arms = []
+    for name, weight in raw.items():
+        if name not in POLICIES:
+            p.error(at(path, name) if isinstance(name, str) else path,
+                    f"unknown policy: expected {_POLICY.what}, got {show(name)}")
+        elif not is_int(weight) or weight < 0:
+            p.expected(at(path, name), "a whole percent >= 0", weight)
+        else:
+            arms.append((name, weight))
+    if len(arms) < len(raw):
+        return None
+    if (total := sum(w for _, w in arms)) != SPLIT_TOTAL:
+        return p.error(path, f"the weights add up to {total}, not {SPLIT_TOTAL}")
+    return tuple(arms)
+
+
+def _shadow(p: Parser, raw: object, path: str) -> tuple[str, ...] | None:
+    """``[policy, ...]``: known policies, each once; None (reported) otherwise."""
+    if not isinstance(raw, list):
+        return p.expected(path, "a list of policies", raw)
+    out: list[str] = []
+    for i, name in enumerate(raw):
+        if _POLICY.parse(p, name, f"{path}[{i}]") is not None and name in out:
+            p.error(f"{path}[{i}]", f"{name!r} is listed twice")
+        elif name in POLICIES:
+            out.append(name)
+    return tuple(out) if len(out) == len(raw) else None
+
+
+SPLIT: Final = Custom("a mapping of policy to percent", _split, {
+    "type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+    "propertyNames": {"enum": list(POLICIES)}}, lambda split: dict(split))
+SHADOW: Final = Custom("a list of policies", _shadow, {
+    "type": "array", "items": {"enum": list(POLICIES)}, "uniqueItems": True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,28 +710,63 @@ def _workers(p: Parser, raw: object, path: str) -> int | None:
     return raw
 
 
-def _models(p: Parser, raw: object, path: str) -> tuple[ModelSpec, ...]:
-    def cost(raw: object, path: str) -> tuple[float, float, float] | None:
-        model = COST_MODEL.parse(p, raw, path) if raw is not None else None
-        return None if model is None else model.terms()
-
-    return parse_models(raw, p.error, cost)
+#: ``models[].cost_model``: the backends' kind, kept as its (a, b, d) terms.
+_MODEL_COST: Final = Custom(COST_MODEL.what, lambda p, raw, path: (
+    None if (c := COST_MODEL.parse(p, raw, path)) is None else c.terms()), COST_MODEL.schema(),
+    lambda terms: dict(zip(COST_MODEL_FIELDS, terms, strict=True)), (("", CostModel),))
 
 
-def _model_document(m: ModelSpec) -> dict[str, Any]:
-    return {"name": m.name, "aliases": list(m.aliases), "policy": m.policy,
-            "split": SPLIT.dump(m.split), "shadow": None if m.shadow is None else list(m.shadow),
-            "cost_model": None if m.cost_model is None
-            else dict(zip(COST_MODEL_FIELDS, m.cost_model, strict=True))}
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One name for a model that engines serve under others, and its routing. An engine's
+    alias is renamed to the name as its snapshots arrive, after the backend's own aliases."""
+
+    name: str = setting(Text(), "what clients ask for", example="llama-8b")
+    aliases: tuple[str, ...] = setting(Items(Text()), "the names engines serve it under",
+                                       default=(), example=["llama3.1:8b"])
+    policy: str | None = setting(_POLICY, "its routing policy (none: the top-level policy)",
+                                 default=None, example="least-load")
+    #: (policy, weight) in file order, weights adding up to ``SPLIT_TOTAL``.
+    split: tuple[tuple[str, int], ...] | None = setting(
+        SPLIT, "an A/B split of its requests, by conversation: policy to percent, adding up to "
+        "100; not with policy (none: routing.split, unless it has a policy)", default=None,
+        example={"cost": 90, "least-load": 10})
+    shadow: tuple[str, ...] | None = setting(
+        SHADOW, "policies run beside its routing one, off the request path (none: "
+        "routing.shadow)", default=None, example=["least-load", "p2c"])
+    #: The model's prefill cost (a, b, d) on backends that have no ``cost_model`` of their own.
+    cost_model: tuple[float, float, float] | None = setting(
+        _MODEL_COST, "its prefill seconds on backends without a cost_model of their own "
+        "(none: the learned speed there)", default=None)
 
 
-_MODELS_SCHEMA = {"type": "array", "items": {
-    "type": "object", "additionalProperties": False, "required": ["name"],
-    "description": "one name for a model engines serve under others",
-    "properties": {"name": {"type": "string", "minLength": 1},
-                   "aliases": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                   "policy": {"enum": list(POLICIES)}, "split": _SPLIT_SCHEMA,
-                   "shadow": SHADOW.json_schema, "cost_model": COST_MODEL.schema()}}}
+def _check_model(p: Parser, m: dict[str, Any], values: dict[str, Any], path: str) -> None:
+    """An alias is neither its model's name nor another of its aliases; a model has a policy
+    or a split, not both."""
+    aliases: list[str] = []
+    for j, alias in enumerate(m["aliases"] if isinstance(m.get("aliases"), list) else ()):
+        if not isinstance(alias, str) or not alias:
+            continue  # reported as not a name
+        if alias == values.get("name") or alias in aliases:
+            p.error(f"{path}.aliases[{j}]", f"{alias!r} is already this model's name or alias")
+        else:
+            aliases.append(alias)
+    values["aliases"] = tuple(aliases)
+    if values.get("policy") is not None and values.get("split") is not None:
+        p.error(at(path, "split"), "a model has a policy or a split, not both")
+
+
+def _unique_models(p: Parser, models: list[tuple[int, Any]], path: str) -> None:
+    """Every name and alias used once across the list: else a request's model would depend on
+    the order."""
+    taken: dict[str, str] = {}  # name or alias -> where it was first used
+    for i, model in models:
+        named = [(model.name, f"{path}[{i}].name")] if model.name else []
+        for n, where in named + [(a, f"{path}[{i}].aliases[{j}]")
+                                 for j, a in enumerate(model.aliases)]:
+            if n in taken:
+                p.error(where, f"{n!r} is already used by {taken[n]}")
+            taken.setdefault(n, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,9 +805,9 @@ class Config:
         "processes sharing the public port (auto: the cores this process may run on)",
         default=1)
     models: tuple[ModelSpec, ...] = setting(
-        Custom("a list of models", _models, _MODELS_SCHEMA, lambda ms: [
-            _model_document(m) for m in ms]), "the fleet's models: one name for engines' "
-        "names, each model's policy, split, shadow and cost model", default=(), live=True)
+        Items(Section(ModelSpec, _check_model), _unique_models), "the fleet's models: one name "
+        "for engines' names, each model's policy, split, shadow and cost model", default=(),
+        live=True)
     responses: Responses = setting(Section(Responses, _check_responses), "Responses "
                                    "conversation state (off by default)", default=Responses())
 

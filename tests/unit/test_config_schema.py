@@ -81,7 +81,7 @@ def test_each_schema_object_matches_the_parser(at: Any, node: dict[str, Any]) ->
 
 @pytest.mark.parametrize(("section", "klass"), [
     ((), cfg.Config), ((("backends", True),), cfg.Backend), ((("keys", True),), cfg.Key),
-    ((("tenants", True),), cfg.Tenant),
+    ((("tenants", True),), cfg.Tenant), ((("models", True),), cfg.ModelSpec),
     ((("usage", False),), cfg.UsageConfig), ((("drain", False),), cfg.DrainConfig),
     ((("peers", False),), cfg.PeersConfig), ((("routing", False),), cfg.RoutingConfig),
     ((("observability", False),), cfg.Observability),
